@@ -1,0 +1,349 @@
+"""CIFAR-10 on disk and in memory: the reader, the synthetic generator and the loaders.
+
+Both trainers read data through this module. It is kept apart from utils.py
+because it is the one piece a user swaps (another dataset, another loader),
+and because the benchmarks import it on its own.
+
+On disk, real and synthetic data share one format, the `cifar-10-batches-py`
+layout: `data_batch_1..5`, `test_batch` and `batches.meta`, each a pickled dict
+whose `data` is uint8 N x 3072 (the R, G and B planes of a 32x32 image) and
+whose `labels` is a list of ints.
+"""
+import math
+import os
+import pickle
+
+import numpy as np
+import torch
+
+from errors import TrainerError
+
+FOLDER = "cifar-10-batches-py"
+TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
+TEST_FILE = "test_batch"
+META_FILE = "batches.meta"
+CLASSES = ("airplane", "automobile", "bird", "cat", "deer",
+           "dog", "frog", "horse", "ship", "truck")
+# The usual per-channel statistics of the CIFAR-10 training set.
+MEAN = (0.4914, 0.4822, 0.4465)
+STD = (0.2470, 0.2435, 0.2616)
+
+
+# ----------------------------------------------------------------------------
+# Reading: the same code for real and synthetic data.
+
+class _ArrayUnpickler(pickle.Unpickler):
+    """Unpickles dicts, lists and numpy arrays, and refuses everything else.
+
+    The batch files are pickles; this keeps a tampered file from running code.
+    """
+    _ALLOWED = {
+        ("numpy", "ndarray"), ("numpy", "dtype"),
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.multiarray", "scalar"), ("numpy._core.multiarray", "scalar"),
+        ("_codecs", "encode"),
+    }
+
+    def find_class(self, module, name):
+        if (module, name) in self._ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def _read_batch(path):
+    try:
+        with open(path, "rb") as f:
+            batch = _ArrayUnpickler(f, encoding="latin1").load()
+        data = np.asarray(batch["data"], dtype=np.uint8)
+        labels = np.asarray(batch.get("labels", batch.get("fine_labels")), dtype=np.int64)
+    except FileNotFoundError:
+        raise
+    except Exception as e:  # truncated, corrupt or foreign file
+        raise TrainerError(f"corrupt CIFAR batch file {path} ({type(e).__name__}: {e}); "
+                           "delete it and run again with --download "
+                           "(or --dataset synthetic to regenerate)") from e
+    if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
+        raise TrainerError(f"corrupt CIFAR batch file {path}: expected data N x 3072 and N labels, "
+                           f"got data {data.shape} and {len(labels)} labels; delete it and regenerate")
+    if labels.size and (labels.min() < 0 or labels.max() >= len(CLASSES)):
+        raise TrainerError(f"corrupt CIFAR batch file {path}: labels outside 0..9")
+    return data, labels
+
+
+def read_cifar10(folder):
+    """Read a `cifar-10-batches-py` folder into ((train_x, train_y), (test_x, test_y)).
+
+    Images come back as uint8 tensors of shape N x 3 x 32 x 32, labels as int64.
+    """
+    missing = [f for f in TRAIN_FILES + [TEST_FILE] if not os.path.isfile(os.path.join(folder, f))]
+    if missing:
+        raise FileNotFoundError(missing)
+    parts = [_read_batch(os.path.join(folder, f)) for f in TRAIN_FILES]
+    train_x = np.concatenate([p[0] for p in parts])
+    train_y = np.concatenate([p[1] for p in parts])
+    test_x, test_y = _read_batch(os.path.join(folder, TEST_FILE))
+
+    def as_tensors(x, y):
+        return torch.from_numpy(x.reshape(-1, 3, 32, 32).copy()), torch.from_numpy(y.copy())
+
+    return as_tensors(train_x, train_y), as_tensors(test_x, test_y)
+
+
+# ----------------------------------------------------------------------------
+# Synthetic data: CIFAR-format files with class structure a small CNN learns.
+
+def _render(rng, labels):
+    """Images whose class shows in colour, stripe frequency and stripe angle.
+
+    Every cue is jittered per image and overlaps between classes, with noise on
+    top, so colour alone is not enough and accuracy climbs over epochs instead
+    of jumping to 100%. Phase is random, so a random crop keeps the class.
+    """
+    n = len(labels)
+    palette = np.random.default_rng(1234).uniform(0.2, 0.8, size=(10, 3))
+    freq = np.linspace(0.15, 0.6, 10)[np.random.default_rng(99).permutation(10)]
+    angle = np.linspace(0, np.pi, 10, endpoint=False)
+    yy, xx = np.mgrid[0:32, 0:32].astype(np.float32)
+    colour = palette[labels] + rng.normal(0, 0.12, size=(n, 3))
+    f = freq[labels] * rng.uniform(0.85, 1.15, size=n)
+    a = angle[labels] + rng.normal(0, 0.12, size=n)
+    phase = rng.uniform(0, 2 * np.pi, size=n)
+    proj = (np.cos(a)[:, None, None] * xx + np.sin(a)[:, None, None] * yy)
+    stripes = np.sin(f[:, None, None] * proj + phase[:, None, None])  # n x 32 x 32
+    contrast = rng.uniform(0.15, 0.3, size=(n, 1, 1, 1))
+    img = colour[:, :, None, None] + contrast * stripes[:, None] + rng.normal(0, 0.08, size=(n, 3, 32, 32))
+    return (np.clip(img, 0, 1) * 255).round().astype(np.uint8).reshape(n, 3072)
+
+
+def _write_pickle(path, obj):
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump(obj, f, protocol=2)
+    os.replace(tmp, path)
+
+
+def generate_synthetic(folder, train_size, test_size, seed):
+    """Write a synthetic dataset in the CIFAR-10 on-disk format, deterministically from seed."""
+    if train_size < 5 or train_size % 5:
+        raise TrainerError(f"--synthetic-size must be a positive multiple of 5 (got {train_size}): "
+                           "it is split over 5 batch files")
+    os.makedirs(folder, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    per_file = train_size // 5
+    for name, n in [(f, per_file) for f in TRAIN_FILES] + [(TEST_FILE, test_size)]:
+        labels = np.arange(n) % 10
+        rng.shuffle(labels)
+        _write_pickle(os.path.join(folder, name), {
+            "batch_label": f"synthetic {name}", "labels": labels.tolist(), "data": _render(rng, labels),
+            "filenames": [f"synthetic_{name}_{i}.png" for i in range(n)]})
+    _write_pickle(os.path.join(folder, META_FILE), {
+        "num_cases_per_batch": per_file, "label_names": list(CLASSES), "num_vis": 3072})
+
+
+def synthetic_folder(data_dir, train_size, seed):
+    """Where synthetic data of this size and seed lives, apart from any real data."""
+    return os.path.join(data_dir, f"synthetic-{train_size}-seed{seed}", FOLDER)
+
+
+def dataset_folder(args):
+    if args.dataset == "synthetic":
+        return synthetic_folder(args.data_dir, args.synthetic_size, args.seed)
+    return os.path.join(args.data_dir, FOLDER)
+
+
+def prepare(args):
+    """Make the data exist on disk: download real CIFAR-10 or generate synthetic data.
+
+    In a multi-process run, call this on one process per host and let the
+    others wait, so no two processes write the same files.
+    """
+    folder = dataset_folder(args)
+    if args.dataset == "synthetic":
+        if not os.path.isfile(os.path.join(folder, META_FILE)):
+            generate_synthetic(folder, args.synthetic_size, args.synthetic_size // 5, args.seed)
+        return
+    if args.download:
+        import torchvision  # only needed to fetch; its CIFAR10 verifies the archive's MD5
+        try:
+            torchvision.datasets.CIFAR10(root=args.data_dir, train=True, download=True)
+        except Exception as e:
+            raise TrainerError(f"could not download CIFAR-10 into {args.data_dir} ({e}); "
+                               f"put the extracted {FOLDER} there by hand, or use --dataset synthetic") from e
+
+
+def load(args):
+    """Read the prepared dataset: ((train_x, train_y), (test_x, test_y))."""
+    folder = dataset_folder(args)
+    try:
+        return read_cifar10(folder)
+    except FileNotFoundError as e:
+        files = e.args[0] if e.args and isinstance(e.args[0], list) else [str(e)]
+        if args.dataset == "synthetic":
+            raise TrainerError(f"synthetic data in {folder} is incomplete (missing {', '.join(files)}); "
+                               "delete that folder and run again to regenerate it") from None
+        raise TrainerError(f"CIFAR-10 not found in {folder} (missing {', '.join(files)}); "
+                           "pass --download to fetch it, or --data-dir to point at it") from None
+
+
+# ----------------------------------------------------------------------------
+# Sharding: which samples each rank sees.
+
+def epoch_permutation(n, seed, epoch):
+    """The order of all n samples in an epoch, as DistributedSampler(seed=seed) draws it."""
+    g = torch.Generator()
+    g.manual_seed(seed + epoch)
+    return torch.randperm(n, generator=g)
+
+
+def train_shard(n, rank, size, seed, epoch):
+    """This rank's training indices for an epoch, with DistributedSampler's semantics.
+
+    The shards are strided slices of one shuffled order, so at every step the
+    ranks' batches together form the same global batch as one process taking
+    size x the batch. When n does not divide by size, the order is padded with
+    its own first samples (at most size-1 repeats) so that every rank takes the
+    same number of steps; the allreduce in each step needs that.
+    """
+    order = epoch_permutation(n, seed, epoch)
+    total = math.ceil(n / size) * size
+    if total > n:
+        order = torch.cat([order, order[:total - n]])
+    return order[rank:total:size]
+
+
+def eval_shard(n, rank, size):
+    """This rank's test indices: disjoint, no padding, so each image counts once."""
+    return torch.arange(rank, n, size)
+
+
+# ----------------------------------------------------------------------------
+# The device-resident loader (the default).
+
+class DeviceLoader:
+    """Batches from a uint8 dataset held on the training device.
+
+    No worker processes and no per-step host copies: each epoch a shard of
+    indices is drawn, and augmentation (random crop from a 4-pixel zero pad,
+    horizontal flip) runs on whole batches as one gather. The random choices
+    for each sample are a function of (seed, epoch, sample index), so a
+    resumed run sees the same batches, and so does a run at another world size.
+    """
+
+    def __init__(self, images, labels, batch_size, *, train, rank=0, size=1, seed=0,
+                 device="cpu", dtype=torch.float32, channels_last=False):
+        self.images = images.to(device)
+        self.labels = labels.to(device)
+        self.batch_size, self.train = batch_size, train
+        self.rank, self.size, self.seed = rank, size, seed
+        self.device, self.dtype, self.channels_last = torch.device(device), dtype, channels_last
+        self.mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * 255
+        self.std = torch.tensor(STD, device=device).view(1, 3, 1, 1) * 255
+        self.epoch = 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def indices(self):
+        n = len(self.labels)
+        if self.train:
+            return train_shard(n, self.rank, self.size, self.seed, self.epoch)
+        return eval_shard(n, self.rank, self.size)
+
+    def __len__(self):
+        return math.ceil(len(self.indices()) / self.batch_size)
+
+    def augmentation(self):
+        """Per-sample crop offsets (0..8 in y and x) and flips for this epoch."""
+        g = torch.Generator()
+        g.manual_seed(hash_seed(self.seed, self.epoch, 0xA06))
+        n = len(self.labels)
+        offsets = torch.randint(0, 9, (n, 2), generator=g)
+        flips = torch.rand(n, generator=g) < 0.5
+        return offsets.to(self.device), flips.to(self.device)
+
+    def __iter__(self):
+        idx = self.indices().to(self.device)
+        aug = self.augmentation() if self.train else None
+        for start in range(0, len(idx), self.batch_size):
+            b = idx[start:start + self.batch_size]
+            x = self.images[b]
+            if aug is not None:
+                x = crop_flip(x, aug[0][b], aug[1][b])
+            yield self.normalize(x), self.labels[b]
+
+    def normalize(self, x):
+        x = (x.float() - self.mean) / self.std
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x.to(self.dtype)
+
+
+def hash_seed(*parts):
+    """A 63-bit seed from integers, stable across runs (unlike hash())."""
+    h = 0x9E3779B97F4A7C15
+    for p in parts:
+        h = (h ^ (int(p) & 0xFFFFFFFFFFFFFFFF)) * 0x100000001B3 & 0xFFFFFFFFFFFFFFFF
+    return h >> 1
+
+
+def crop_flip(x, offsets, flips, pad=4):
+    """Random-crop each image from a zero pad of `pad` pixels, flipping where asked.
+
+    x is uint8 B x C x H x W; offsets B x 2 in 0..2*pad; flips B bools. One
+    gather does both: the column index runs backwards for flipped images.
+    """
+    b, c, h, w = x.shape
+    xp = torch.nn.functional.pad(x, (pad, pad, pad, pad))
+    ar_h = torch.arange(h, device=x.device)
+    ar_w = torch.arange(w, device=x.device)
+    rows = offsets[:, 0:1] + ar_h                                  # B x H
+    cols = offsets[:, 1:2] + torch.where(flips[:, None], w - 1 - ar_w, ar_w)  # B x W
+    bi = torch.arange(b, device=x.device)[:, None, None, None]
+    ci = torch.arange(c, device=x.device)[None, :, None, None]
+    return xp[bi, ci, rows[:, None, :, None], cols[:, None, None, :]]
+
+
+# ----------------------------------------------------------------------------
+# The classic torchvision path, kept for comparison (--loader torchvision).
+
+class _PILDataset(torch.utils.data.Dataset):
+    def __init__(self, images, labels, transform):
+        self.images = images.permute(0, 2, 3, 1).contiguous().numpy()  # N x H x W x C for PIL
+        self.labels = labels.tolist()
+        self.transform = transform
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        from PIL import Image
+        return self.transform(Image.fromarray(self.images[i])), self.labels[i]
+
+
+class _StridedSampler(torch.utils.data.Sampler):
+    def __init__(self, n, rank, size):
+        self.idx = eval_shard(n, rank, size).tolist()
+
+    def __iter__(self):
+        return iter(self.idx)
+
+    def __len__(self):
+        return len(self.idx)
+
+
+def torchvision_loader(images, labels, batch_size, *, train, rank=0, size=1, seed=0, workers=2):
+    """kuangliu's PIL pipeline with a DistributedSampler (call set_epoch on .sampler)."""
+    import torchvision.transforms as T
+    ops = [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip()] if train else []
+    transform = T.Compose(ops + [T.ToTensor(), T.Normalize(MEAN, STD)])
+    ds = _PILDataset(images, labels, transform)
+    if train:
+        sampler = torch.utils.data.distributed.DistributedSampler(
+            ds, num_replicas=size, rank=rank, shuffle=True, seed=seed)
+    else:
+        sampler = _StridedSampler(len(ds), rank, size)
+    loader = torch.utils.data.DataLoader(ds, batch_size=batch_size, sampler=sampler, num_workers=workers,
+                                         persistent_workers=workers > 0)
+    loader.set_epoch = sampler.set_epoch if train else (lambda epoch: None)
+    return loader
