@@ -40,7 +40,7 @@ def main(argv=None):
     if args.evaluate:
         test = utils.evaluate(train_model, test_loader, args, progress, allreduce)
         progress.write(utils.evaluation_line(test))
-        return test
+        return model, test
 
     log = utils.RunLog(args, verbose, size, start["history"], purge_step=start["epoch"] + 1)
     best_acc = start["best_acc"]
@@ -56,7 +56,7 @@ def main(argv=None):
         state = utils.checkpoint_state(args, model, optimizer, scaler, schedule, epoch + 1, best_acc, size)
         log.epoch_end(epoch, train, test, seconds, state, is_best)
     log.close()
-    return log.history
+    return model, log.history
 
 
 if __name__ == "__main__":

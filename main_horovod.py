@@ -47,7 +47,7 @@ def main(argv=None):
         backward_passes_per_step=args.batches_per_allreduce,  # Horovod: accumulate locally, then one allreduce
         op=hvd.Adasum if args.use_adasum else hvd.Average)  # Horovod:
     start = utils.restore(args, model, optimizer) if rank == 0 else None  # Horovod: rank 0 alone reads the checkpoint
-    start = hvd.broadcast_object(start, root_rank=0)  # Horovod: start epoch, best acc, schedule, scaler
+    start = hvd.broadcast_object(start, root_rank=0, name="start")  # Horovod: epoch, best acc, schedule, scaler
     if start["optimizer_state"]:  # Horovod: on a fresh run this would take a hidden step (weight decay)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)  # Horovod:
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # Horovod: after it: every rank starts identical
@@ -58,7 +58,7 @@ def main(argv=None):
     if args.evaluate:
         test = utils.evaluate(train_model, test_loader, args, progress, allreduce)
         progress.write(utils.evaluation_line(test))
-        return test
+        return model, test
 
     log = utils.RunLog(args, verbose, size, start["history"], purge_step=start["epoch"] + 1)
     best_acc = start["best_acc"]
@@ -74,7 +74,7 @@ def main(argv=None):
         state = utils.checkpoint_state(args, model, optimizer, scaler, schedule, epoch + 1, best_acc, size)
         log.epoch_end(epoch, train, test, seconds, state, is_best)
     log.close()
-    return log.history
+    return model, log.history
 
 
 if __name__ == "__main__":

@@ -320,7 +320,7 @@ def train_epoch(model, loader, optimizer, scaler, schedule, epoch, args, progres
     for step, (x, y) in enumerate(loader):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         lr = schedule.apply(optimizer, epoch + step / steps)
-        optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad()
         parts = list(zip(x.split(args.batch_size), y.split(args.batch_size)))
         for xs, ys in parts:  # more than one under --batches-per-allreduce
             with _autocast(args, device):

@@ -39,8 +39,12 @@ fi
 PY="$VENV/bin/python"
 # Pinned torch/torchvision come from the registry: the CPU-only torch wheel some
 # machines keep locally makes `import torchvision` fail (torchvision::nms).
-log "pip install -r requirements.txt"
-"$PY" -m pip install -q -r requirements.txt
+req_stamp="$VENV/requirements.sha256"
+if [ "$(cat "$req_stamp" 2>/dev/null)" != "$(sha256sum requirements.txt)" ]; then
+    log "pip install -r requirements.txt"
+    "$PY" -m pip install -q -r requirements.txt
+    sha256sum requirements.txt > "$req_stamp"
+fi
 
 # --- Horovod ------------------------------------------------------------------
 TORCH_VERSION=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')
