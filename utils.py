@@ -158,6 +158,7 @@ def pick_device(local_rank=0, local_size=1):
 
 
 def build_model(args, device):
+    torch.manual_seed(args.seed)  # the same initial weights for the same --seed
     model = models.get_model(args.arch, num_classes=len(data.CLASSES)).to(device)
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)

@@ -57,9 +57,13 @@ def run_main(args, **kw):
     return run([PY, "main.py", *map(str, args)], **kw)
 
 
-def run_horovod(np_, args, launcher="gloo", **kw):
-    """main_horovod.py under a real launcher: horovodrun --gloo/--mpi, mpirun, or plain python."""
-    script = [PY, "main_horovod.py", *map(str, args)]
+def run_horovod(np_, args, launcher="gloo", probe=None, **kw):
+    """main_horovod.py under a real launcher: horovodrun --gloo/--mpi, mpirun, or plain python.
+
+    With probe=DIR, every rank also saves its final model and history to DIR/rank<r>.pt.
+    """
+    entry = ["tests/rank_probe.py", str(probe)] if probe else ["main_horovod.py"]
+    script = [PY, *entry, *map(str, args)]
     if launcher == "python":
         cmd = script
     elif launcher == "mpirun":
@@ -68,6 +72,11 @@ def run_horovod(np_, args, launcher="gloo", **kw):
     else:
         cmd = [os.path.join(BIN, "horovodrun"), "-np", str(np_), f"--{launcher}", *script]
     return run(cmd, **kw)
+
+
+def load_ranks(probe, size):
+    return [torch.load(os.path.join(probe, f"rank{r}.pt"), map_location="cpu", weights_only=True)
+            for r in range(size)]
 
 
 def read_metrics(ckpt_dir):

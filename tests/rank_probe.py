@@ -1,0 +1,23 @@
+"""Run main_horovod.main() under a real launcher and save what THIS rank ended with.
+
+    horovodrun -np 2 python tests/rank_probe.py OUT_DIR [main_horovod.py flags]
+
+Each rank writes OUT_DIR/rank<r>.pt with its model state and metric history,
+so tests can compare ranks with each other, which the trainer (rank 0 saves)
+cannot show.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import horovod.torch as hvd  # noqa: E402
+import torch  # noqa: E402
+
+import main_horovod  # noqa: E402
+
+if __name__ == "__main__":
+    out, argv = sys.argv[1], sys.argv[2:]
+    model, result = main_horovod.main(argv)
+    torch.save({"model": model.state_dict(), "result": result, "size": hvd.size()},
+               os.path.join(out, f"rank{hvd.rank()}.pt"))
