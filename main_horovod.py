@@ -28,7 +28,7 @@ def main(argv=None):
     progress = utils.Progress(verbose)
 
     utils.check_checkpoint_dir(args)
-    data.prepare(args) if hvd.local_rank() == 0 else None  # Horovod: one process per host fetches or generates data,
+    if hvd.local_rank() == 0: data.prepare(args)  # Horovod: one process per host fetches or generates data,
     hvd.barrier()  # Horovod: while the others wait, so no two write the same files
     train_set, test_set = data.load(args)
     train_loader, test_loader = utils.make_loaders(args, train_set, test_set, device, rank, size)
