@@ -57,8 +57,6 @@ def _read_batch(path):
             batch = _ArrayUnpickler(f, encoding="latin1").load()
         data = np.asarray(batch["data"], dtype=np.uint8)
         labels = np.asarray(batch.get("labels", batch.get("fine_labels")), dtype=np.int64)
-    except FileNotFoundError:
-        raise
     except Exception as e:  # truncated, corrupt or foreign file
         raise TrainerError(f"corrupt CIFAR batch file {path} ({type(e).__name__}: {e}); "
                            "delete it and run again with --download "
@@ -76,9 +74,9 @@ def read_cifar10(folder):
 
     Images come back as uint8 tensors of shape N x 3 x 32 x 32, labels as int64.
     """
-    missing = [f for f in TRAIN_FILES + [TEST_FILE] if not os.path.isfile(os.path.join(folder, f))]
+    missing = _missing(folder)
     if missing:
-        raise FileNotFoundError(missing)
+        raise FileNotFoundError(f"{folder}: missing {', '.join(missing)}")
     parts = [_read_batch(os.path.join(folder, f)) for f in TRAIN_FILES]
     train_x = np.concatenate([p[0] for p in parts])
     train_y = np.concatenate([p[1] for p in parts])
@@ -163,27 +161,38 @@ def prepare(args):
         if not os.path.isfile(os.path.join(folder, META_FILE)):
             generate_synthetic(folder, args.synthetic_size, args.synthetic_size // 5, args.seed)
         return
-    if args.download:
-        import torchvision  # only needed to fetch; its CIFAR10 verifies the archive's MD5
-        try:
-            torchvision.datasets.CIFAR10(root=args.data_dir, train=True, download=True)
-        except Exception as e:
-            raise TrainerError(f"could not download CIFAR-10 into {args.data_dir} ({e}); "
-                               f"put the extracted {FOLDER} there by hand, or use --dataset synthetic") from e
+    if not args.download:
+        load_check(folder)
+        return
+    import torchvision  # only needed to fetch; its CIFAR10 checks the archive's MD5
+    try:
+        torchvision.datasets.CIFAR10(root=args.data_dir, train=True, download=True)
+    except Exception as e:
+        raise TrainerError(f"could not download CIFAR-10 into {args.data_dir} ({e}); "
+                           f"put the extracted {FOLDER} there by hand, or use --dataset synthetic") from e
+
+
+def _missing(folder):
+    return [f for f in TRAIN_FILES + [TEST_FILE] if not os.path.isfile(os.path.join(folder, f))]
+
+
+def load_check(folder, synthetic=False):
+    """Raise the one-line error for a dataset folder with files missing."""
+    missing = _missing(folder)
+    if not missing:
+        return
+    if synthetic:
+        raise TrainerError(f"synthetic data in {folder} is incomplete (missing {', '.join(missing)}); "
+                           "delete that folder and run again to regenerate it")
+    raise TrainerError(f"CIFAR-10 not found in {folder} (missing {', '.join(missing)}); "
+                       "pass --download to fetch it, or --data-dir to point at it")
 
 
 def load(args):
     """Read the prepared dataset: ((train_x, train_y), (test_x, test_y))."""
     folder = dataset_folder(args)
-    try:
-        return read_cifar10(folder)
-    except FileNotFoundError as e:
-        files = e.args[0] if e.args and isinstance(e.args[0], list) else [str(e)]
-        if args.dataset == "synthetic":
-            raise TrainerError(f"synthetic data in {folder} is incomplete (missing {', '.join(files)}); "
-                               "delete that folder and run again to regenerate it") from None
-        raise TrainerError(f"CIFAR-10 not found in {folder} (missing {', '.join(files)}); "
-                           "pass --download to fetch it, or --data-dir to point at it") from None
+    load_check(folder, synthetic=args.dataset == "synthetic")
+    return read_cifar10(folder)
 
 
 # ----------------------------------------------------------------------------

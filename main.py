@@ -24,7 +24,7 @@ def main(argv=None):
     verbose = rank == 0
     progress = utils.Progress(verbose)
 
-    utils.check_checkpoint_dir(args)
+    utils.preflight(args, verbose)
     data.prepare(args)
     train_set, test_set = data.load(args)
     train_loader, test_loader = utils.make_loaders(args, train_set, test_set, device, rank, size)

@@ -27,7 +27,7 @@ def main(argv=None):
     verbose = rank == 0
     progress = utils.Progress(verbose)
 
-    utils.check_checkpoint_dir(args)
+    utils.preflight(args, verbose)
     if hvd.local_rank() == 0: data.prepare(args)  # Horovod: one process per host fetches or generates data,
     hvd.barrier()  # Horovod: while the others wait, so no two write the same files
     train_set, test_set = data.load(args)

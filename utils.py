@@ -27,8 +27,14 @@ METRICS_COLUMNS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_
 # ============================================================================
 # Settings
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # One line instead of argparse's usage dump; --help shows the usage.
+        raise UsageError(f"{message} (see --help)")
+
+
 def build_parser(doc):
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
     a("--arch", default="resnet18", help="model name from models.MODELS (default: %(default)s)")
     a("--lr", type=float, default=None,
@@ -484,18 +490,26 @@ def restore(args, model, optimizer):
     return start
 
 
-def check_checkpoint_dir(args):
-    """Fail before any work if the run could not save, or would replace a checkpoint by accident."""
+def preflight(args, writer):
+    """Fail before any work on what would fail later. Creates nothing.
+
+    Only the process that reads and writes checkpoints (rank 0) checks them: on
+    several hosts the others may not even see the folder.
+    """
+    if not writer:
+        return
+    if (args.resume or args.evaluate) and not os.path.isfile(checkpoint_path(args)):
+        raise TrainerError(f"no checkpoint at {checkpoint_path(args)}: train without --resume first, "
+                           "or point --checkpoint (or --checkpoint-dir) at one")
     if args.evaluate:
         return
-    d = args.checkpoint_dir
-    try:
-        os.makedirs(d, exist_ok=True)
-        with tempfile.TemporaryFile(dir=d):
-            pass
-    except OSError as e:
-        raise TrainerError(f"cannot write to --checkpoint-dir {d} ({e.strerror or e}); "
-                           "fix its permissions or choose another folder") from e
+    d = os.path.abspath(args.checkpoint_dir)
+    parent = d
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        raise TrainerError(f"cannot write to --checkpoint-dir {args.checkpoint_dir} ({parent} is not a "
+                           "writable folder); fix its permissions or choose another folder")
     existing = os.path.join(d, "ckpt.pth")
     if not args.resume and not args.overwrite and os.path.exists(existing):
         raise UsageError(f"{existing} already exists; pass --resume to continue it, --overwrite to "
@@ -514,6 +528,11 @@ class RunLog:
         self.dir = args.checkpoint_dir
         self.writer = None
         if enabled:
+            try:
+                os.makedirs(self.dir, exist_ok=True)
+            except OSError as e:
+                raise TrainerError(f"cannot create --checkpoint-dir {self.dir} ({e.strerror or e}); "
+                                   "choose another folder") from e
             from torch.utils.tensorboard import SummaryWriter  # lazy: heavy import
             self.writer = SummaryWriter(os.path.join(self.dir, "tb"), purge_step=purge_step)
 
