@@ -61,7 +61,7 @@ def main(argv=None):
 
     log = utils.RunLog(args, verbose, size, start["history"], purge_step=start["epoch"] + 1)
     best_acc = start["best_acc"]
-    for epoch in range(start["epoch"], args.epochs):
+    for epoch in range(start["epoch"], utils.last_epoch(args)):
         train_loader.set_epoch(epoch)
         utils.seed_epoch(args.seed, epoch, rank)
         t0 = time.perf_counter()

@@ -42,6 +42,9 @@ def build_parser(doc):
            "the checkpoint's schedule continues unless --lr is given, which restarts the "
            "cosine from this value over the remaining epochs)")
     a("--epochs", type=int, default=200, help="total epochs, including resumed ones (default: %(default)s)")
+    a("--stop-at", type=int, default=None, metavar="EPOCH",
+      help="end this run after epoch EPOCH while the schedule still spans --epochs, "
+           "e.g. to fit a job's time limit; continue later with --resume")
     a("--batch-size", type=int, default=128, help="images per step per process (default: %(default)s)")
     a("--data-dir", default="./data", help="where cifar-10-batches-py lives (default: %(default)s)")
     a("--dataset", choices=("cifar10", "synthetic"), default="cifar10",
@@ -95,6 +98,8 @@ def parse_args(parser, argv=None):
     for flag, v in positive.items():
         if v <= 0:
             raise UsageError(f"{flag} must be positive (got {v})")
+    if args.stop_at is not None and not 0 < args.stop_at <= args.epochs:
+        raise UsageError(f"--stop-at must be between 1 and --epochs {args.epochs} (got {args.stop_at})")
     if args.lr is not None and not (args.lr > 0 and math.isfinite(args.lr)):
         raise UsageError(f"--lr must be a positive number (got {args.lr})")
     if args.workers < 0 or getattr(args, "warmup_epochs", 0) < 0:
@@ -109,6 +114,11 @@ def parse_args(parser, argv=None):
     if args.resume and args.overwrite:
         raise UsageError("--resume and --overwrite do not go together: pick one")
     return args
+
+
+def last_epoch(args):
+    """Where this run stops: --stop-at, else --epochs."""
+    return args.stop_at or args.epochs
 
 
 def checkpoint_path(args):
@@ -127,21 +137,29 @@ def run_cli(main, argv=None):
     """Run main(); turn a TrainerError into one line on stderr and an exit status."""
     argv = sys.argv[1:] if argv is None else argv
     prog = os.path.basename(sys.argv[0] or "main.py")
+    launched = any(v in os.environ for v in ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"))
+    where = f" (rank {launcher_rank()})" if launched else ""
     try:
         main(argv)
         return 0
     except TrainerError as e:
         if "--debug" in argv:
             raise
-        # Every rank hits a usage error alike; one line is enough. Other errors
-        # may be one rank's alone, so they say which rank.
-        if isinstance(e, UsageError):
-            if launcher_rank() == 0:
-                print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
-        else:
-            where = f" (rank {launcher_rank()})" if "HOROVOD_RANK" in os.environ or "OMPI_COMM_WORLD_RANK" in os.environ else ""
+        # Every rank hits a usage error alike, so rank 0 alone says it. Other
+        # errors may be one rank's alone, so each says which rank it is.
+        if not isinstance(e, UsageError):
             print(f"{prog}: error{where}: {e}", file=sys.stderr, flush=True)
+        elif launcher_rank() == 0:
+            print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
         return e.exit_code
+    except Exception as e:
+        # Horovod raises this on the surviving ranks when another rank failed or
+        # died; that rank has said why. Matched by name: utils does not import Horovod.
+        if type(e).__name__ != "HorovodInternalError" or "--debug" in argv:
+            raise
+        print(f"{prog}: error{where}: stopping because another rank failed or exited "
+              "(its error is above)", file=sys.stderr, flush=True)
+        return 1
     except KeyboardInterrupt:
         print(f"{prog}: interrupted; the last finished epoch is in the checkpoint", file=sys.stderr)
         return 130
@@ -393,9 +411,12 @@ def atomic_write(path, write):
     except BaseException as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        if isinstance(e, OSError):
-            raise TrainerError(f"could not write {path} ({e.strerror or e}); the previous file is "
-                               "unchanged: free space or fix permissions, then --resume") from e
+        cause = e
+        while cause is not None and not isinstance(cause, OSError):  # torch.save wraps it
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
+            raise TrainerError(f"could not write {path} ({cause.strerror or cause}); the previous file "
+                               "is unchanged: free space or fix permissions, then --resume") from e
         raise
     with contextlib.suppress(OSError):  # make the rename itself durable
         dfd = os.open(folder, os.O_RDONLY)
@@ -417,8 +438,8 @@ def load_checkpoint(path):
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if "weights_only" in str(e) or "Unsupported global" in str(e):
+        msg = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
+        if "Unsupported global" in str(e):
             raise TrainerError(f"refusing to load {path}: it contains pickled code or objects, "
                                "not just tensors and plain values; re-save it as a plain state_dict") from e
         raise TrainerError(f"checkpoint {path} is truncated or corrupt ({msg}); "

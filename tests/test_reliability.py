@@ -1,0 +1,303 @@
+"""Failures: bad input, broken files, a full disk, killed processes, and exact resume."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import (PY, ROOT, assert_one_line_error, common_args, last_line, load_ckpt, parse_eval,
+                      read_metrics, run_horovod, run_main, _env)
+
+
+@pytest.fixture(scope="module")
+def run2(data_dir, tmp_path_factory):
+    """A finished 2-epoch main.py run (of --epochs 3): a checkpoint to break and resume."""
+    ck = tmp_path_factory.mktemp("run2")
+    r = run_main(common_args(data_dir, ck, "--stop-at", 2, epochs=3))
+    assert r.returncode == 0, r.stderr
+    return ck
+
+
+def fresh_copy(src, dst):
+    shutil.copytree(src, dst)
+    return dst
+
+
+def snapshot(folder):
+    return {f: open(os.path.join(folder, f), "rb").read() for f in sorted(os.listdir(folder))
+            if os.path.isfile(os.path.join(folder, f))}
+
+
+# ---------------------------------------------------------------------------
+# 1. Bad input: one line, non-zero exit, nothing changed on disk
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--epochs", "0"], "--epochs must be positive"),
+    (["--batch-size", "-4"], "--batch-size must be positive"),
+    (["--lr", "0"], "--lr must be a positive number"),
+    (["--lr", "nan"], "--lr must be a positive number"),
+    (["--epochs", "x"], "invalid int value"),
+    (["--stop-at", "9"], "--stop-at must be between 1 and --epochs"),
+    (["--dataset", "imagenet"], "invalid choice"),
+    (["--arch", "resnet9000"], "unknown --arch"),
+    (["--resume", "--overwrite"], "do not go together"),
+])
+def test_bad_flags_are_usage_errors(data_dir, tmp_path, flags, needle):
+    args = common_args(data_dir, tmp_path / "ck") + flags
+    r = run_main(args)
+    assert_one_line_error(r, needle, code=2)
+    assert not (tmp_path / "ck").exists()
+
+
+def test_partial_and_corrupt_datasets(data_dir, tmp_path):
+    src = os.path.join(data_dir, "synthetic-500-seed0", "cifar-10-batches-py")
+    for case in ("partial", "corrupt"):
+        real = tmp_path / case / "cifar-10-batches-py"
+        shutil.copytree(src, real)
+        if case == "partial":
+            os.remove(real / "data_batch_3")
+        else:
+            (real / "test_batch").write_bytes((real / "test_batch").read_bytes()[:2000])
+        r = run_main(["--data-dir", tmp_path / case, "--arch", "lenet", "--checkpoint-dir", tmp_path / "ck"])
+        assert_one_line_error(r, "data_batch_3" if case == "partial" else "corrupt CIFAR batch file", code=1)
+    assert not (tmp_path / "ck").exists() or not os.listdir(tmp_path / "ck")
+
+
+@pytest.mark.parametrize("damage,needle", [
+    ("missing", "no checkpoint at"),
+    ("truncated", "truncated or corrupt"),
+    ("garbage", "truncated or corrupt"),
+])
+def test_resume_from_missing_or_broken_checkpoint(run2, data_dir, tmp_path, damage, needle):
+    ck = fresh_copy(run2, tmp_path / "ck")
+    blob = (ck / "ckpt.pth").read_bytes()
+    if damage == "missing":
+        os.remove(ck / "ckpt.pth")
+    elif damage == "truncated":
+        (ck / "ckpt.pth").write_bytes(blob[:len(blob) // 2])
+    else:
+        (ck / "ckpt.pth").write_bytes(os.urandom(4096))
+    before = snapshot(ck)
+    r = run_main(common_args(data_dir, ck, "--resume", epochs=3))
+    assert_one_line_error(r, needle, code=1)
+    assert snapshot(ck) == before
+
+
+def test_checkpoint_of_another_arch_or_class_count(run2, data_dir, tmp_path):
+    r = run_main(common_args(data_dir, run2, "--evaluate") + ["--arch", "vgg11"])
+    assert_one_line_error(r, "--arch lenet", code=1)
+    # Same arch name, 100 classes: the last layer's shape gives it away.
+    state = load_ckpt(run2 / "ckpt.pth")
+    state["model"]["fc3.weight"] = torch.zeros(100, 84)
+    state["model"]["fc3.bias"] = torch.zeros(100)
+    torch.save(state, tmp_path / "c100.pth")
+    r = run_main(common_args(data_dir, run2, "--evaluate", "--checkpoint", tmp_path / "c100.pth"))
+    assert_one_line_error(r, "fc3.weight", "(100, 84)", code=1)
+
+
+def test_unwritable_checkpoint_dir(data_dir, tmp_path):
+    (tmp_path / "afile").write_text("not a folder")
+    r = run_main(common_args(data_dir, tmp_path / "afile" / "ck"))
+    assert_one_line_error(r, "cannot write to --checkpoint-dir", code=1)
+
+
+def test_full_disk_during_save_keeps_the_previous_checkpoint(run2, data_dir, tmp_path):
+    """A real full disk: a 1 MiB tmpfs holding a checkpoint, with too little room for the next."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)],
+                             capture_output=True).returncode == 0
+    try:
+        ck = mnt / "ck"
+        ck.mkdir()
+        shutil.copy(run2 / "ckpt.pth", ck / "ckpt.pth")
+        shutil.copy(run2 / "metrics.csv", ck / "metrics.csv")
+        before = snapshot(ck)
+        if mounted:
+            # Fill the disk so that tb/ events fit but a second checkpoint does not.
+            free = os.statvfs(mnt).f_bavail * os.statvfs(mnt).f_frsize
+            (mnt / "filler").write_bytes(b"\0" * max(0, free - 200_000))
+            r = run_main(common_args(data_dir, ck, "--resume", epochs=3))
+        else:  # no mount here: a file-size limit makes large writes fail instead
+            r = run_main(common_args(data_dir, ck, "--resume", epochs=3),
+                         preexec_fn=lambda: _limit_file_size(200_000))
+        assert_one_line_error(r, "could not write", "ckpt.pth", code=1)
+        assert snapshot(ck)["ckpt.pth"] == before["ckpt.pth"]
+        assert load_ckpt(ck / "ckpt.pth")["epoch"] == 2
+        assert not [f for f in os.listdir(ck) if f.endswith(".tmp")]
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(mnt)])
+
+
+def _limit_file_size(n):
+    import resource
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (n, n))
+
+
+def test_error_on_one_rank_ends_all_ranks(run2, data_dir, tmp_path):
+    ck = fresh_copy(run2, tmp_path / "ck")
+    (ck / "ckpt.pth").write_bytes(b"PK\x03\x04 not really a zip")
+    t0 = time.monotonic()
+    r = run_horovod(2, common_args(data_dir, ck, "--resume", epochs=3), timeout=120)
+    assert time.monotonic() - t0 < 60
+    assert r.returncode != 0
+    rank_lines = [ln for ln in r.stderr.splitlines() if ln.startswith(("[0]", "[1]"))]
+    assert "truncated or corrupt" in rank_lines[0] and "[0]" in rank_lines[0]
+    assert "another rank failed" in "".join(rank_lines)
+    assert not any("Traceback" in ln for ln in rank_lines), "ranks print one line, not a traceback"
+    debug = run_main(common_args(data_dir, ck, "--resume", "--debug", epochs=3))
+    assert debug.returncode != 0 and "Traceback" in debug.stderr
+
+
+# ---------------------------------------------------------------------------
+# 2 and 5. Atomic, safe checkpoints
+
+def test_killed_writer_leaves_the_previous_checkpoint(run2, tmp_path):
+    ck = fresh_copy(run2, tmp_path / "ck")
+    before = (ck / "ckpt.pth").read_bytes()
+    code = ("import os, signal, utils\n"
+            "def write(f):\n"
+            "    f.write(b'half a checkpoint' * 1000); f.flush()\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n"
+            f"utils.atomic_write({str(ck / 'ckpt.pth')!r}, write)\n")
+    r = subprocess.run([PY, "-c", code], cwd=ROOT, env=_env())
+    assert r.returncode == -signal.SIGKILL
+    assert (ck / "ckpt.pth").read_bytes() == before
+    assert load_ckpt(ck / "ckpt.pth")["epoch"] == 2
+
+
+class _Payload:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_checkpoint_with_pickled_code_is_refused(run2, data_dir, tmp_path):
+    marker = tmp_path / "code-ran"
+    state = load_ckpt(run2 / "ckpt.pth")
+    state["hook"] = _Payload(str(marker))
+    torch.save(state, tmp_path / "evil.pth")
+    r = run_main(common_args(data_dir, run2, "--evaluate", "--checkpoint", tmp_path / "evil.pth"))
+    assert_one_line_error(r, "refusing to load", code=1)
+    assert not marker.exists()
+
+
+# ---------------------------------------------------------------------------
+# 6. pytorch-cifar checkpoints
+
+def test_pytorch_cifar_checkpoint_evaluates_and_resumes(run2, data_dir, tmp_path):
+    ours = load_ckpt(run2 / "ckpt.pth")
+    # Exactly what pytorch-cifar's main.py saves after DataParallel: module.-prefixed keys.
+    torch.save({"net": {"module." + k: v for k, v in ours["model"].items()}, "acc": 41.0, "epoch": 1},
+               tmp_path / "kuangliu.pth")
+    r = run_main(common_args(data_dir, tmp_path / "unused", "--evaluate", "--checkpoint", tmp_path / "kuangliu.pth"))
+    assert r.returncode == 0, r.stderr
+    mine = run_main(common_args(data_dir, run2, "--evaluate"))
+    assert parse_eval(last_line(r.stdout)) == parse_eval(last_line(mine.stdout))
+    ck = tmp_path / "ck"
+    r = run_main(common_args(data_dir, ck, "--resume", "--checkpoint", tmp_path / "kuangliu.pth", epochs=3))
+    assert r.returncode == 0, r.stderr
+    state = load_ckpt(ck / "ckpt.pth")
+    assert state["epoch"] == 3
+    assert [x["epoch"] for x in read_metrics(ck)] == ["3"]  # epoch 1 was its last: starts at 3 of 3
+    assert "epoch 3/3" in r.stdout and "epoch 2/3" not in r.stdout
+
+
+# ---------------------------------------------------------------------------
+# 4. Exact resume
+
+def _same_weights(a, b):
+    return all(torch.equal(a[k], b[k]) for k in a) and a.keys() == b.keys()
+
+
+def _columns(rows):
+    return [(r["epoch"], r["lr"], r["train_loss"], r["train_acc"], r["test_loss"], r["test_acc"]) for r in rows]
+
+
+@pytest.mark.parametrize("np_", [1, 2])
+def test_stopped_and_resumed_equals_uninterrupted(data_dir, tmp_path, np_):
+    launch = (lambda args: run_main(args)) if np_ == 1 else (lambda args: run_horovod(2, args))
+    full, part = tmp_path / "full", tmp_path / "part"
+    extra = ["--warmup-epochs", 1] if np_ == 2 else []
+    assert launch(common_args(data_dir, full, *extra, epochs=3)).returncode == 0
+    assert launch(common_args(data_dir, part, "--stop-at", 2, *extra, epochs=3)).returncode == 0
+    assert load_ckpt(part / "ckpt.pth")["epoch"] == 2
+    resume = common_args(data_dir, part, "--resume", *extra, epochs=3)
+    i = resume.index("--lr")
+    del resume[i:i + 2]  # no --lr: continue the saved schedule
+    assert launch(resume).returncode == 0
+    assert _same_weights(load_ckpt(full / "ckpt.pth")["model"], load_ckpt(part / "ckpt.pth")["model"])
+    assert _columns(read_metrics(full)) == _columns(read_metrics(part))
+
+
+# ---------------------------------------------------------------------------
+# 3. A worker killed under horovodrun
+
+def _rank_pids(parent_cmd_marker):
+    pids = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if any(parent_cmd_marker.encode() in c for c in cmd) and b"main_horovod.py" in b" ".join(cmd):
+            for e in env:
+                if e.startswith(b"HOROVOD_RANK="):
+                    pids[int(e.split(b"=")[1])] = int(pid)
+    return pids
+
+
+def test_kill_9_of_one_worker_ends_the_job_and_resume_loses_nothing(data_dir, tmp_path):
+    ck = tmp_path / "ck-killed"
+    args = common_args(data_dir, ck, "--warmup-epochs", 0, epochs=40)
+    cmd = [os.path.join(os.path.dirname(PY), "horovodrun"), "-np", "2", "--gloo", PY, "main_horovod.py",
+           *map(str, args)]
+    job = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # wait for 2 finished epochs
+            if (ck / "metrics.csv").exists() and len(read_metrics(ck)) >= 2:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the job never finished 2 epochs")
+        pids = _rank_pids(str(ck))
+        assert set(pids) == {0, 1}, pids
+        os.kill(pids[1], signal.SIGKILL)
+        t_kill = time.monotonic()
+        try:
+            job.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the job did not end within 30 s of kill -9")
+        assert time.monotonic() - t_kill < 30
+        assert job.returncode != 0
+        for pid in pids.values():
+            assert not os.path.exists(f"/proc/{pid}") or _is_zombie(pid), "a rank is still running"
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    done = load_ckpt(ck / "ckpt.pth")["epoch"]
+    assert done >= 2
+    r = run_horovod(2, common_args(data_dir, ck, "--resume", "--warmup-epochs", 0, "--stop-at", done + 1, epochs=40))
+    assert r.returncode == 0, r.stderr[-2000:]
+    epochs = [int(x["epoch"]) for x in read_metrics(ck)]
+    assert epochs == list(range(1, done + 2)), "no finished epoch lost, none duplicated"
+
+
+def _is_zombie(pid):
+    try:
+        return open(f"/proc/{pid}/stat").read().split(")")[1].split()[0] == "Z"
+    except OSError:
+        return True
