@@ -49,7 +49,7 @@ def main(argv=None):
         utils.seed_epoch(args.seed, epoch, rank)
         t0 = time.perf_counter()
         train = utils.train_epoch(train_model, train_loader, optimizer, scaler, schedule, epoch, args,
-                                  progress, allreduce)
+                                  progress, allreduce, profile_epoch=start["epoch"])
         seconds = time.perf_counter() - t0
         test = utils.evaluate(train_model, test_loader, args, progress, allreduce)
         is_best, best_acc = test["acc"] > best_acc, max(best_acc, test["acc"])

@@ -11,6 +11,7 @@ import math
 import os
 import sys
 import tempfile
+import time
 
 import torch
 import torch.nn.functional as F
@@ -73,6 +74,9 @@ def build_parser(doc):
     a("--compile", action="store_true", help="torch.compile the model")
     a("--log-interval", type=int, default=50,
       help="steps between progress-bar updates; each reduces metrics once (default: %(default)s)")
+    a("--profile-steps", type=int, default=0, metavar="N",
+      help="time forward, backward, allreduce wait and optimizer step over the first N steps "
+           "and print the medians from rank 0; adds device syncs, so off by default")
     a("--debug", action="store_true", help="show full tracebacks on errors")
     return p
 
@@ -102,8 +106,8 @@ def parse_args(parser, argv=None):
         raise UsageError(f"--stop-at must be between 1 and --epochs {args.epochs} (got {args.stop_at})")
     if args.lr is not None and not (args.lr > 0 and math.isfinite(args.lr)):
         raise UsageError(f"--lr must be a positive number (got {args.lr})")
-    if args.workers < 0 or getattr(args, "warmup_epochs", 0) < 0:
-        raise UsageError("--workers and --warmup-epochs must not be negative")
+    if args.workers < 0 or args.profile_steps < 0 or getattr(args, "warmup_epochs", 0) < 0:
+        raise UsageError("--workers, --profile-steps and --warmup-epochs must not be negative")
     if args.synthetic_size % 5:
         raise UsageError(f"--synthetic-size must be a multiple of 5 (got {args.synthetic_size}): "
                          "it is split over 5 batch files")
@@ -282,17 +286,64 @@ def _autocast(args, device):
     return torch.autocast(device.type, dtype=getattr(torch, args.amp_dtype))
 
 
-def optimizer_step(optimizer, scaler):
-    """scaler.step(optimizer), letting a DistributedOptimizer finish its allreduce
-    before the scaler unscales the gradients and checks them for inf."""
-    if scaler.is_enabled() and hasattr(optimizer, "synchronize"):
-        optimizer.synchronize()
-        scaler.unscale_(optimizer)
-        with optimizer.skip_synchronize():
+def optimizer_step(optimizer, scaler, profiler=None):
+    """scaler.step(optimizer). A DistributedOptimizer first finishes its
+    allreduce (timed under --profile-steps), so the scaler unscales and checks
+    the averaged gradients; then the step skips the synchronize it would redo."""
+    profiler = profiler or PhaseTimer(0)
+    if hasattr(optimizer, "synchronize"):
+        with profiler.phase("allreduce-wait"):
+            optimizer.synchronize()
+        with profiler.phase("optimizer-step"), optimizer.skip_synchronize():
+            scaler.unscale_(optimizer)
             scaler.step(optimizer)
     else:
-        scaler.step(optimizer)
+        with profiler.phase("optimizer-step"):
+            scaler.step(optimizer)
     scaler.update()
+
+
+class PhaseTimer:
+    """--profile-steps: wall time of each phase of the first `steps` steps.
+
+    Each phase is bracketed by device synchronisations, so the numbers are
+    real but the run is slower while it measures; it is off by default.
+    """
+    PHASES = ("forward", "backward", "allreduce-wait", "optimizer-step")
+
+    def __init__(self, steps, device=None):
+        self.steps, self.device = steps, device
+        self.times = {p: [] for p in self.PHASES}
+        self.active = False
+
+    def start_step(self, step):
+        self.active = step < self.steps
+        if self.active:
+            for v in self.times.values():
+                v.append(0.0)
+
+    @contextlib.contextmanager
+    def phase(self, name):
+        if not self.active:
+            yield
+            return
+        self._sync()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._sync()
+            self.times[name][-1] += time.perf_counter() - t0
+
+    def _sync(self):
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def summary(self):
+        def median(v):
+            return sorted(v)[len(v) // 2] if v else 0.0
+        parts = "  ".join(f"{p} {median(self.times[p]) * 1e3:.2f}" for p in self.PHASES)
+        return f"profile: median ms per step over {len(self.times['forward'])} steps: {parts}"
 
 
 def local_sum(t):
@@ -328,7 +379,7 @@ class Progress:
 
 
 def train_epoch(model, loader, optimizer, scaler, schedule, epoch, args, progress,
-                allreduce=local_sum):
+                allreduce=local_sum, profile_epoch=None):
     """One pass over this rank's shard. Returns global (loss, acc, images) and the last LR.
 
     Loss sum, correct count and image count stay on the device as one float64
@@ -342,20 +393,26 @@ def train_epoch(model, loader, optimizer, scaler, schedule, epoch, args, progres
     lr = schedule(epoch)
     desc = f"epoch {epoch + 1}"
     bar = progress.bar(steps, desc)
+    # Only the first epoch of a run is profiled.
+    profiler = PhaseTimer(args.profile_steps if epoch == profile_epoch else 0, device)
     for step, (x, y) in enumerate(loader):
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        profiler.start_step(step)
         lr = schedule.apply(optimizer, epoch + step / steps)
         optimizer.zero_grad()
         parts = list(zip(x.split(args.batch_size), y.split(args.batch_size)))
         for xs, ys in parts:  # more than one under --batches-per-allreduce
-            with _autocast(args, device):
+            with profiler.phase("forward"), _autocast(args, device):
                 out = model(xs)
                 loss = F.cross_entropy(out, ys)
-            scaler.scale(loss / len(parts)).backward()
-            stats += torch.stack([loss.detach().double() * len(ys),
-                                  (out.detach().argmax(1) == ys).sum().double(),
-                                  torch.tensor(float(len(ys)), dtype=torch.float64, device=device)])
-        optimizer_step(optimizer, scaler)
+            with profiler.phase("backward"):
+                scaler.scale(loss / len(parts)).backward()
+            stats[0] += loss.detach().double() * len(ys)
+            stats[1] += (out.detach().argmax(1) == ys).sum()
+            stats[2] += len(ys)
+        optimizer_step(optimizer, scaler, profiler)
+        if step + 1 == profiler.steps:
+            progress.write(profiler.summary())
         bar.update(1)
         if (step + 1) % args.log_interval == 0 and step + 1 < steps:
             loss_sum, correct, n = allreduce(stats).tolist()
@@ -381,8 +438,9 @@ def evaluate(model, loader, args, progress, allreduce=local_sum):
         with _autocast(args, device):
             out = model(x)
         loss = F.cross_entropy(out.float(), y, reduction="sum")
-        stats += torch.stack([loss.double(), (out.argmax(1) == y).sum().double(),
-                              torch.tensor(float(len(y)), dtype=torch.float64, device=device)])
+        stats[0] += loss.double()
+        stats[1] += (out.argmax(1) == y).sum()
+        stats[2] += len(y)
         bar.update(1)
     bar.close()
     loss_sum, correct, n = allreduce(stats).tolist()
