@@ -104,3 +104,74 @@ def test_train_shards_cover_the_data_and_match_distributed_sampler(n, size):
 def test_eval_shards_count_each_image_once(size):
     union = torch.cat([data.eval_shard(10000, r, size) for r in range(size)])
     assert len(union) == 10000 and set(union.tolist()) == set(range(10000))
+
+
+# ---------------------------------------------------------------------------
+# The device-resident loader against the torchvision path
+
+def _tiny(n=90):
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(0, 256, (n, 3, 32, 32), dtype=torch.uint8, generator=g), torch.arange(n) % 10
+
+
+@pytest.mark.parametrize("size", [1, 3])
+def test_device_and_torchvision_loaders_partition_alike(size):
+    images, labels = _tiny()
+    for rank in range(size):
+        dev = data.DeviceLoader(images, labels, 16, train=True, rank=rank, size=size, seed=7)
+        tv = data.torchvision_loader(images, labels, 16, train=True, rank=rank, size=size, seed=7, workers=0)
+        for epoch in (0, 1):
+            dev.set_epoch(epoch)
+            tv.set_epoch(epoch)
+            assert dev.indices().tolist() == list(tv.sampler)
+        dev_test = data.DeviceLoader(images, labels, 16, train=False, rank=rank, size=size)
+        tv_test = data.torchvision_loader(images, labels, 16, train=False, rank=rank, size=size, workers=0)
+        assert dev_test.indices().tolist() == list(tv_test.sampler)
+
+
+def test_device_loader_batches_are_reproducible_per_epoch():
+    images, labels = _tiny()
+    a = data.DeviceLoader(images, labels, 32, train=True, seed=1)
+    b = data.DeviceLoader(images, labels, 32, train=True, seed=1)
+    a.set_epoch(4)
+    b.set_epoch(4)
+    for (xa, ya), (xb, yb) in zip(a, b):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    b.set_epoch(5)
+    assert not torch.equal(next(iter(a))[0], next(iter(b))[0])
+
+
+def test_crop_and_flip_match_pad_slice_and_mirror():
+    images, _ = _tiny(12)
+    offsets = torch.tensor([[0, 0], [8, 8], [4, 4], [0, 8], [8, 0], [3, 5]] * 2)
+    flips = torch.tensor([False] * 6 + [True] * 6)
+    out = data.crop_flip(images, offsets, flips)
+    padded = torch.nn.functional.pad(images, (4, 4, 4, 4))
+    for i in range(12):
+        oy, ox = offsets[i].tolist()
+        want = padded[i, :, oy:oy + 32, ox:ox + 32]
+        assert torch.equal(out[i], want.flip(-1) if flips[i] else want)
+
+
+def test_augmentation_statistics():
+    n = 9000
+    loader = data.DeviceLoader(torch.zeros(n, 3, 1, 1, dtype=torch.uint8), torch.zeros(n, dtype=torch.long),
+                               64, train=True, seed=0)
+    offsets, flips = loader.augmentation()
+    for axis in (0, 1):
+        counts = torch.bincount(offsets[:, axis], minlength=9).double()
+        assert offsets[:, axis].min() == 0 and offsets[:, axis].max() == 8
+        chi2 = (((counts - n / 9) ** 2) / (n / 9)).sum().item()
+        assert chi2 < 26.1, f"offsets not uniform over 0..8 (chi2 {chi2:.1f}, 8 dof, p=0.001)"
+    rate = flips.double().mean().item()
+    assert abs(rate - 0.5) < 4 * (0.25 / n) ** 0.5
+    # Crop offsets in y and x, and flips, are independent draws.
+    assert abs(torch.corrcoef(torch.stack([offsets[:, 0].double(), offsets[:, 1].double(),
+                                           flips.double()]))[0, 1:]).max() < 0.05
+
+
+def test_normalisation_uses_cifar_mean_and_std():
+    images = torch.full((4, 3, 32, 32), 128, dtype=torch.uint8)
+    x, _ = next(iter(data.DeviceLoader(images, torch.zeros(4, dtype=torch.long), 4, train=False)))
+    want = (128 / 255 - torch.tensor(data.MEAN)) / torch.tensor(data.STD)
+    assert torch.allclose(x[0, :, 0, 0], want, atol=1e-5)
