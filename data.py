@@ -300,17 +300,17 @@ def crop_flip(x, offsets, flips, pad=4):
     """Random-crop each image from a zero pad of `pad` pixels, flipping where asked.
 
     x is uint8 B x C x H x W; offsets B x 2 in 0..2*pad; flips B bools. One
-    gather does both: the column index runs backwards for flipped images.
+    gather over each padded image does both (the column index runs backwards
+    for flipped images); it is several times faster than 4-D fancy indexing.
     """
     b, c, h, w = x.shape
     xp = torch.nn.functional.pad(x, (pad, pad, pad, pad))
     ar_h = torch.arange(h, device=x.device)
     ar_w = torch.arange(w, device=x.device)
-    rows = offsets[:, 0:1] + ar_h                                  # B x H
-    cols = offsets[:, 1:2] + torch.where(flips[:, None], w - 1 - ar_w, ar_w)  # B x W
-    bi = torch.arange(b, device=x.device)[:, None, None, None]
-    ci = torch.arange(c, device=x.device)[None, :, None, None]
-    return xp[bi, ci, rows[:, None, :, None], cols[:, None, None, :]]
+    rows = offsets[:, 0:1] + ar_h                                              # B x H
+    cols = offsets[:, 1:2] + torch.where(flips[:, None], w - 1 - ar_w, ar_w)   # B x W
+    flat = (rows[:, :, None] * (w + 2 * pad) + cols[:, None, :]).view(b, 1, h * w)
+    return torch.gather(xp.view(b, c, -1), 2, flat.expand(b, c, h * w)).view(b, c, h, w)
 
 
 # ----------------------------------------------------------------------------
