@@ -36,6 +36,7 @@ def main(argv=None):
     model = utils.build_model(args, device)
     if args.sync_bn:  # Horovod: BatchNorm statistics over the global batch
         model = utils.replace_batchnorm(model, hvd.SyncBatchNorm)  # Horovod:
+    utils.check_adasum(args, size, hvd.mpi_enabled())  # Horovod: Adasum runs on MPI, at power-of-two sizes
     lr_scale = args.batches_per_allreduce * (1 if args.use_adasum else size)  # Horovod: linear scaling; Adasum needs none,
     if args.use_adasum and device.type == "cuda" and hvd.nccl_built():  # Horovod: except across NCCL's local average
         lr_scale = args.batches_per_allreduce * hvd.local_size()  # Horovod:

@@ -113,6 +113,11 @@ def parse_args(parser, argv=None):
                          "it is split over 5 batch files")
     if args.arch not in models.MODELS:
         raise UsageError(f"unknown --arch {args.arch!r}; choose one of: {', '.join(sorted(models.MODELS))}")
+    if getattr(args, "use_adasum", False) and args.amp and args.amp_dtype == "float16":
+        raise UsageError("--use-adasum cannot work with --amp's float16 GradScaler (Horovod's Adasum "
+                         "optimizer cannot be synchronized early); add --amp-dtype bfloat16 or drop one")
+    if getattr(args, "sync_bn", False) and not torch.cuda.is_available():
+        raise UsageError("--sync-bn needs CUDA: hvd.SyncBatchNorm runs on GPUs only; drop it on CPU")
     if args.resume and args.evaluate:
         raise UsageError("--resume and --evaluate do not go together: --evaluate reads the checkpoint on its own")
     if args.resume and args.overwrite:
@@ -123,6 +128,16 @@ def parse_args(parser, argv=None):
 def last_epoch(args):
     """Where this run stops: --stop-at, else --epochs."""
     return args.stop_at or args.epochs
+
+
+def check_adasum(args, size, mpi_enabled):
+    """Horovod's Adasum runs only on its MPI controller and at power-of-two sizes."""
+    if not getattr(args, "use_adasum", False):
+        return
+    if not mpi_enabled:
+        raise UsageError("--use-adasum needs Horovod's MPI controller: launch with horovodrun --mpi or mpirun")
+    if size & (size - 1):
+        raise UsageError(f"--use-adasum needs a power-of-two number of processes, not {size}")
 
 
 def checkpoint_path(args):
@@ -286,12 +301,13 @@ def _autocast(args, device):
     return torch.autocast(device.type, dtype=getattr(torch, args.amp_dtype))
 
 
-def optimizer_step(optimizer, scaler, profiler=None):
+def optimizer_step(optimizer, scaler, profiler=None, adasum=False):
     """scaler.step(optimizer). A DistributedOptimizer first finishes its
     allreduce (timed under --profile-steps), so the scaler unscales and checks
-    the averaged gradients; then the step skips the synchronize it would redo."""
+    the averaged gradients; then the step skips the synchronize it would redo.
+    Horovod's Adasum optimizer reduces inside step() and cannot be split."""
     profiler = profiler or PhaseTimer(0)
-    if hasattr(optimizer, "synchronize"):
+    if hasattr(optimizer, "synchronize") and not adasum:
         with profiler.phase("allreduce-wait"):
             optimizer.synchronize()
         with profiler.phase("optimizer-step"), optimizer.skip_synchronize():
@@ -410,7 +426,7 @@ def train_epoch(model, loader, optimizer, scaler, schedule, epoch, args, progres
             stats[0] += loss.detach().double() * len(ys)
             stats[1] += (out.detach().argmax(1) == ys).sum()
             stats[2] += len(ys)
-        optimizer_step(optimizer, scaler, profiler)
+        optimizer_step(optimizer, scaler, profiler, adasum=getattr(args, "use_adasum", False))
         if step + 1 == profiler.steps:
             progress.write(profiler.summary())
         bar.update(1)

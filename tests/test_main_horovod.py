@@ -124,11 +124,28 @@ def test_d3_evaluate_is_identical_at_np_1_2_3(np2_run, data_dir):
     assert max(losses) - min(losses) <= 1e-6 * max(losses)
 
 
-def test_np1_without_launcher_and_horovodrun_mpi(data_dir, tmp_path):
+def test_np1_without_launcher_and_horovodrun_mpi_with_adasum(data_dir, tmp_path):
     assert_ok(run_horovod(1, common_args(data_dir, tmp_path / "a", epochs=1), "python"))
-    assert_ok(run_horovod(2, common_args(data_dir, tmp_path / "b", epochs=1), "mpi"))
     assert read_metrics(tmp_path / "a")[0]["world_size"] == "1"
-    assert read_metrics(tmp_path / "b")[0]["world_size"] == "2"
+    # Adasum needs the MPI controller and no LR scaling on CPU.
+    assert_ok(run_horovod(2, common_args(data_dir, tmp_path / "b", "--use-adasum", epochs=1), "mpi"))
+    row = read_metrics(tmp_path / "b")[0]
+    assert row["world_size"] == "2" and float(row["lr"]) == pytest.approx(0.05)
+    r = run_horovod(2, common_args(data_dir, tmp_path / "c", "--use-adasum", epochs=1), "gloo")
+    assert r.returncode != 0 and "--use-adasum needs Horovod's MPI controller" in r.stderr
+
+
+def test_fp16_allreduce_batches_per_allreduce_and_amp(data_dir, tmp_path):
+    args = common_args(data_dir, tmp_path, "--fp16-allreduce", "--batches-per-allreduce", 2, "--amp",
+                       "--warmup-epochs", 0, epochs=1, batch=16, lr=0.01)
+    assert_ok(run_horovod(2, args, probe=tmp_path))
+    ranks = load_ranks(tmp_path, 2)
+    assert_ranks_identical(ranks)
+    row = read_metrics(tmp_path)[0]
+    assert float(row["lr"]) == pytest.approx(0.01 * 2 * 2)  # scaled by size x batches per allreduce
+    assert int(float(row["images_per_s"]) * float(row["epoch_time_s"]) + 0.5) == 500
+    state = load_ckpt(tmp_path / "ckpt.pth")
+    assert state["scaler"]["scale"] > 0, "the GradScaler's state is in the checkpoint"
 
 
 def test_twin_diff_is_only_the_port():

@@ -45,10 +45,11 @@ def snapshot(folder):
     (["--dataset", "imagenet"], "invalid choice"),
     (["--arch", "resnet9000"], "unknown --arch"),
     (["--resume", "--overwrite"], "do not go together"),
+    (["--sync-bn"], "--sync-bn needs CUDA"),
 ])
 def test_bad_flags_are_usage_errors(data_dir, tmp_path, flags, needle):
     args = common_args(data_dir, tmp_path / "ck") + flags
-    r = run_main(args)
+    r = run_horovod(1, args, "python") if "--sync-bn" in flags else run_main(args)
     assert_one_line_error(r, needle, code=2)
     assert not (tmp_path / "ck").exists()
 
