@@ -11,7 +11,13 @@ import subprocess
 import sys
 
 import pytest
-import torch
+
+# Idle OpenMP threads sleep instead of spinning. Tests start several processes
+# on 2 cores, and spinning threads of one starve the others. Set before torch
+# is imported, so it holds for this process and the ones it starts.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
