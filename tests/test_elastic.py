@@ -1,0 +1,203 @@
+"""main_elastic.py under horovodrun's elastic driver, on localhost.
+
+The job starts at np=3 and, once epoch 1 is in metrics.csv, loses a worker: the
+discovery script reports fewer slots (a planned removal), or a worker is killed (a
+failure). Either way training must go on at np=2 to the last epoch, with every
+epoch in metrics.csv once. Every wait is bounded, and a hung job is killed.
+"""
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from conftest import BIN, PY, ROOT, _env, common_args, load_ckpt, read_metrics, run_horovod
+
+DISCOVER = os.path.join(ROOT, "scripts", "discover_hosts.sh")
+EPOCHS = 6
+JOB_TIMEOUT = 100  # seconds for a whole elastic job
+# Small batches make an epoch take about a second at np=3 on 2 cores, so the change
+# lands mid-run; the LR is low enough for LeNet not to diverge on them.
+TRAIN = dict(epochs=EPOCHS, batch=8, lr=0.01)
+
+
+def elastic_cmd(slots_file, np_, min_np, max_np, args, gloo_timeout=None):
+    # One host: name its interface, or the driver waits for a second host to find one.
+    cmd = [os.path.join(BIN, "horovodrun"), "-np", str(np_), "--min-np", str(min_np), "--max-np", str(max_np),
+           "--host-discovery-script", f"{DISCOVER} {slots_file}", "--network-interface", "lo"]
+    if gloo_timeout:
+        cmd += ["--gloo-timeout-seconds", str(gloo_timeout)]
+    return cmd + [PY, "main_elastic.py", *map(str, args)]
+
+
+class Job:
+    """A horovodrun job in its own process group, its output in a file."""
+
+    def __init__(self, cmd, log_path):
+        self.log_path = log_path
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=self.log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def output(self):
+        if not self.log.closed:
+            self.log.flush()
+        with open(self.log_path) as f:
+            return f.read()
+
+    def wait(self, timeout):
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"elastic job still running after {timeout}s:\n{self.output()[-4000:]}")
+        finally:
+            self.log.close()
+
+    def kill(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the group this job started, and only it
+            self.proc.wait()
+
+
+@pytest.fixture
+def job_factory(tmp_path):
+    jobs = []
+
+    def start(cmd):
+        job = Job(cmd, tmp_path / f"job{len(jobs)}.log")
+        jobs.append(job)
+        return job
+
+    yield start
+    for job in jobs:  # a failed test leaves no workers behind
+        job.kill()
+
+
+def wait_for_epochs(job, ckpt_dir, n, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if job.proc.poll() is not None:
+            pytest.fail(f"job ended (status {job.proc.returncode}) before epoch {n}:\n{job.output()[-4000:]}")
+        try:
+            rows = read_metrics(ckpt_dir)
+        except (FileNotFoundError, OSError):
+            rows = []
+        if len(rows) >= n:
+            return rows
+        time.sleep(0.1)
+    job.kill()
+    pytest.fail(f"no epoch {n} in metrics.csv after {timeout}s:\n{job.output()[-4000:]}")
+
+
+def worker_pids(hostname):
+    """main_elastic.py workers that the driver started for `hostname`, by their environment."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"main_elastic.py" not in f.read():
+                    continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if env.get(b"HOROVOD_HOSTNAME") == hostname.encode():
+            pids.append(int(pid))
+    return pids
+
+
+def assert_shrank_without_gaps(ckpt_dir, output):
+    rows = read_metrics(ckpt_dir)
+    epochs = [int(r["epoch"]) for r in rows]
+    sizes = [int(r["world_size"]) for r in rows]
+    assert epochs == list(range(1, EPOCHS + 1)), (epochs, output[-3000:])
+    assert sizes[0] == 3 and sizes[-1] == 2, (sizes, output[-3000:])
+    assert sizes == sorted(sizes, reverse=True), sizes  # 3 ... 3 2 ... 2: no flapping
+    assert all(float(r["train_loss"]) == float(r["train_loss"]) for r in rows)  # no NaN
+    ckpt = load_ckpt(ckpt_dir / "ckpt.pth")
+    assert ckpt["epoch"] == EPOCHS and ckpt["world_size"] == 2
+    assert [r["epoch"] for r in ckpt["history"]] == epochs
+    assert "world size 3 -> 2" in output
+    return rows
+
+
+def test_e1_slot_removal_continues_at_np2(data_dir, tmp_path, job_factory):
+    slots, ck = tmp_path / "slots", tmp_path / "ck"
+    slots.write_text("3\n")
+    job = job_factory(elastic_cmd(slots, 3, 2, 3, common_args(data_dir, ck, **TRAIN)))
+    wait_for_epochs(job, ck, 1)
+    slots.write_text("2\n")  # the driver sees one slot fewer within a second
+    rc = job.wait(JOB_TIMEOUT)
+    out = job.output()
+    assert rc == 0, out[-4000:]
+    rows = assert_shrank_without_gaps(ck, out)
+    # A planned removal interrupts at a commit: the epochs before it ran at np=3 in full.
+    assert int(rows[0]["world_size"]) == 3
+    assert "has been removed from elastic job" in out  # the worker whose slot went away
+
+
+def test_e2_killed_worker_rolls_back_to_last_epoch(data_dir, tmp_path, job_factory):
+    # One machine under two names: the driver blacklists a failed worker's whole host,
+    # so the worker to kill gets a host of its own (127.0.0.1), and localhost goes on.
+    slots, ck = tmp_path / "slots", tmp_path / "ck"
+    slots.write_text("localhost:2\n127.0.0.1:1\n")
+    # Some survivors see the dead peer only as a gloo timeout: 30 s by default, shorter
+    # here, but not so short that a slow worker on a busy machine looks dead.
+    job = job_factory(elastic_cmd(slots, 3, 2, 3, common_args(data_dir, ck, **TRAIN), gloo_timeout=15))
+    wait_for_epochs(job, ck, 1)
+    victims = worker_pids("127.0.0.1")
+    assert len(victims) == 1, (victims, job.output()[-3000:])
+    os.kill(victims[0], signal.SIGKILL)  # mid-epoch: the survivors roll back to the last commit
+    rc = job.wait(JOB_TIMEOUT)
+    out = job.output()
+    assert rc == 0, out[-4000:]
+    assert_shrank_without_gaps(ck, out)
+
+
+def without_lr(args):
+    i = args.index("--lr")
+    return args[:i] + args[i + 2:]
+
+
+def test_e3_fixed_world_matches_main_horovod(data_dir, tmp_path, job_factory):
+    # With nobody leaving, the elastic trainer is main_horovod.py, bit for bit, across a
+    # resume too: epoch 1, stop, then --resume (without --lr: the saved schedule goes on)
+    # for epoch 2 equals main_horovod.py's 2 epochs in one go.
+    slots, el = tmp_path / "slots", tmp_path / "el"
+    slots.write_text("2\n")
+    for extra in (["--stop-at", 1], ["--resume"]):
+        args = common_args(data_dir, el, *extra)
+        job = job_factory(elastic_cmd(slots, 2, 2, 2, without_lr(args) if "--resume" in extra else args))
+        rc = job.wait(JOB_TIMEOUT)
+        assert rc == 0, job.output()[-4000:]
+    r = run_horovod(2, common_args(data_dir, tmp_path / "hv"), timeout=JOB_TIMEOUT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    mine, ref = load_ckpt(el / "ckpt.pth"), load_ckpt(tmp_path / "hv" / "ckpt.pth")
+    assert mine.keys() == ref.keys()  # the same checkpoint format: main.py and main_horovod.py resume it
+    for k in ref["model"]:
+        assert torch.equal(mine["model"][k], ref["model"][k]), k
+    assert mine["optimizer"]["state"].keys() == ref["optimizer"]["state"].keys()
+    for i, s in ref["optimizer"]["state"].items():  # the fresh optimizer's sync left no trace
+        assert torch.equal(mine["optimizer"]["state"][i]["momentum_buffer"], s["momentum_buffer"])
+    assert mine["scheduler"] == ref["scheduler"]
+    rows = read_metrics(el)
+    assert [(r["epoch"], r["world_size"]) for r in rows] == [("1", "2"), ("2", "2")]
+    assert [r["lr"] for r in rows] == [r["lr"] for r in read_metrics(tmp_path / "hv")]
+
+
+def test_e4_preflight_error_stops_every_worker(data_dir, tmp_path, job_factory):
+    # Rank 0 alone checks; its error reaches the others through the first state sync.
+    slots, ck = tmp_path / "slots", tmp_path / "ck"
+    slots.write_text("2\n")
+    ck.mkdir()
+    (ck / "ckpt.pth").write_bytes(b"not a checkpoint")
+    job = job_factory(elastic_cmd(slots, 2, 2, 2, common_args(data_dir, ck)))
+    rc = job.wait(JOB_TIMEOUT)
+    out = job.output()
+    assert rc != 0
+    errors = [ln for ln in out.splitlines() if "main_elastic.py: error" in ln]
+    assert len(errors) == 1 and "already exists" in errors[0], out[-3000:]
+    assert (ck / "ckpt.pth").read_bytes() == b"not a checkpoint"
