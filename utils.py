@@ -189,10 +189,13 @@ def run_cli(main, argv=None):
 
 def pick_device(local_rank=0, local_size=1):
     """The GPU numbered local_rank, or the CPU with its cores shared among the
-    local_size processes on this host, so they do not oversubscribe it."""
+    local_size processes on this host, so they do not oversubscribe it
+    (unless OMP_NUM_THREADS says otherwise)."""
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
+    if "OMP_NUM_THREADS" in os.environ:  # the user's choice, which torch has already read
+        return torch.device("cpu")
     cores = len(os.sched_getaffinity(0))
     if cores >= (os.cpu_count() or cores):  # not already pinned by the launcher (mpirun binds)
         cores //= local_size
