@@ -516,7 +516,7 @@ def load_checkpoint(path):
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         msg = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
-        if "Unsupported global" in str(e):
+        if "unsupported global" in str(e).lower():  # a callable or class, not plain data
             raise TrainerError(f"refusing to load {path}: it contains pickled code or objects, "
                                "not just tensors and plain values; re-save it as a plain state_dict") from e
         raise TrainerError(f"checkpoint {path} is truncated or corrupt ({msg}); "
