@@ -75,7 +75,7 @@ if installed_ok; then
     log "horovod $HOROVOD_VERSION already installed ($FLAVOUR, torch $TORCH_VERSION)"
 else
     if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
-        log "building horovod $HOROVOD_VERSION from sdist ($FLAVOUR, torch $TORCH_VERSION); takes ~3-4 min on 2 cores"
+        log "building horovod $HOROVOD_VERSION from sdist ($FLAVOUR, torch $TORCH_VERSION); takes 3-8 min on 2 cores"
         work=$(mktemp -d)
         trap 'rm -rf "$work"' EXIT
         if [ -n "${HOROVOD_SDIST:-}" ]; then
