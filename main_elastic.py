@@ -81,8 +81,7 @@ def main(argv=None):
             start = utils.restore(args, model, optimizer)
         except TrainerError as e:
             error = e
-    start = start or {"epoch": 0, "best_acc": 0.0, "history": [], "scaler": None, "optimizer_state": False,
-                      "schedule": {"base_lr": args.lr or 0.1, "start_epoch": 0}}
+    start = start or utils.fresh_start(args)
     scaler = utils.make_scaler(args, device, start["scaler"])
     state = hvd.elastic.TorchState(
         model=model, optimizer=optimizer,

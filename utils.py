@@ -406,7 +406,7 @@ def train_epoch(model, loader, optimizer, scaler, schedule, epoch, args, progres
     so the step loop never waits for the device or the other ranks.
     """
     model.train()
-    device = loader_device(loader)
+    device = next(model.parameters()).device  # the torchvision loader yields CPU tensors
     stats = torch.zeros(3, dtype=torch.float64, device=device)
     steps = len(loader)
     lr = schedule(epoch)
@@ -439,10 +439,6 @@ def train_epoch(model, loader, optimizer, scaler, schedule, epoch, args, progres
     bar.close()
     loss_sum, correct, n = allreduce(stats).tolist()
     return {"loss": loss_sum / max(n, 1), "acc": correct / max(n, 1), "images": int(n), "lr": lr}
-
-
-def loader_device(loader):
-    return getattr(loader, "device", None) or torch.device("cpu")
 
 
 @torch.no_grad()
@@ -556,16 +552,20 @@ def load_model_state(model, state, path, arch_hint):
     target.load_state_dict(state)
 
 
+def fresh_start(args):
+    """Where a run without a checkpoint starts."""
+    return {"epoch": 0, "best_acc": 0.0, "schedule": {"base_lr": args.lr or 0.1, "start_epoch": 0},
+            "history": [], "optimizer_state": False, "scaler": None}
+
+
 def restore(args, model, optimizer):
     """Load the checkpoint into model and optimizer; return where to start.
 
     A fresh run starts at epoch 0. `optimizer_state` says whether the optimizer
     now holds state, which the Horovod port needs to know before broadcasting it.
     """
-    fresh = {"epoch": 0, "best_acc": 0.0, "schedule": {"base_lr": args.lr or 0.1, "start_epoch": 0},
-             "history": [], "optimizer_state": False, "scaler": None}
     if not (args.resume or args.evaluate):
-        return fresh
+        return fresh_start(args)
     path = checkpoint_path(args)
     ckpt = as_trainer_checkpoint(load_checkpoint(path), path)
     if ckpt.get("arch", args.arch) != args.arch:
