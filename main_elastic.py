@@ -38,6 +38,16 @@ def prepare_data(args):
         data.prepare(args)
 
 
+class ElasticState(hvd.elastic.TorchState):
+    """TorchState that says when the driver reports a change of hosts. Only the
+    current rank 0 hears from the driver; the change takes effect at the next commit."""
+
+    def on_hosts_updated(self, timestamp, update_res):
+        super().on_hosts_updated(timestamp, update_res)
+        what = {1: "removed", 2: "added"}.get(int(update_res), "changed")
+        print(f"elastic: hosts {what}; the world is resized at the end of this epoch", flush=True)
+
+
 def lr_scale(args):
     """main_horovod.py's linear scaling, of the current world: re-read after every reset.
     (Its Adasum case cannot arise: Adasum needs the MPI controller, elastic runs use gloo.)"""
@@ -83,7 +93,7 @@ def main(argv=None):
             error = e
     start = start or utils.fresh_start(args)
     scaler = utils.make_scaler(args, device, start["scaler"])
-    state = hvd.elastic.TorchState(
+    state = ElasticState(
         model=model, optimizer=optimizer,
         epoch=start["epoch"],  # the next epoch; with the seed it fixes the data order and augmentation
         best_acc=start["best_acc"], history=start["history"], schedule=start["schedule"],
