@@ -234,14 +234,21 @@ class DeviceLoader:
 
     No worker processes and no per-step host copies: each epoch a shard of
     indices is drawn, and augmentation (random crop from a 4-pixel zero pad,
-    horizontal flip) runs on whole batches as one gather. The random choices
-    for each sample are a function of (seed, epoch, sample index), so a
-    resumed run sees the same batches, and so does a run at another world size.
+    horizontal flip) is one index_select per batch. The random choices for each
+    sample are a function of (seed, epoch, sample index), so a resumed run sees
+    the same batches, and so does a run at another world size.
+
+    For training, the set is kept padded and, beside it, padded and mirrored
+    (2 x 40 x 40 / (32 x 32) = 3.1 times the plain uint8 set: 470 MB for
+    CIFAR-10's 50,000 images). A crop of a flipped image is then a window of the
+    mirrored copy, and every window is a row of one strided view, so a batch is
+    gathered with contiguous row copies instead of a per-pixel index.
     """
+
+    PAD = 4
 
     def __init__(self, images, labels, batch_size, *, train, rank=0, size=1, seed=0,
                  device="cpu", dtype=torch.float32, channels_last=False):
-        self.images = images.to(device)
         self.labels = labels.to(device)
         self.batch_size, self.train = batch_size, train
         self.rank, self.size, self.seed = rank, size, seed
@@ -249,6 +256,13 @@ class DeviceLoader:
         self.mean = torch.tensor(MEAN, device=device).view(1, 3, 1, 1) * 255
         self.std = torch.tensor(STD, device=device).view(1, 3, 1, 1) * 255
         self.epoch = 0
+        images = images.to(device)
+        self.shape = tuple(images.shape[1:])
+        if train:
+            self.images = None
+            self.windows = crop_windows(images, self.PAD)
+        else:
+            self.images = images
 
     def set_epoch(self, epoch):
         self.epoch = epoch
@@ -267,25 +281,49 @@ class DeviceLoader:
         g = torch.Generator()
         g.manual_seed(hash_seed(self.seed, self.epoch, 0xA06))
         n = len(self.labels)
-        offsets = torch.randint(0, 9, (n, 2), generator=g)
+        offsets = torch.randint(0, 2 * self.PAD + 1, (n, 2), generator=g)
         flips = torch.rand(n, generator=g) < 0.5
         return offsets.to(self.device), flips.to(self.device)
 
+    def window_starts(self, offsets, flips):
+        """Row of self.windows holding each sample's crop: crop_flip(image, offset, flip)
+        is the mirrored copy's window at x offset 2*PAD - ox."""
+        n = len(self.labels)
+        c, h, w = self.shape
+        hp, wp = h + 2 * self.PAD, w + 2 * self.PAD
+        ox = torch.where(flips, 2 * self.PAD - offsets[:, 1], offsets[:, 1])
+        image = torch.arange(n, device=self.device) + flips.long() * n
+        return image * (c * hp * wp) + offsets[:, 0] * wp + ox
+
     def __iter__(self):
         idx = self.indices().to(self.device)
-        aug = self.augmentation() if self.train else None
+        if self.train:
+            source, rows = self.windows, self.window_starts(*self.augmentation())
+        else:
+            source, rows = self.images, None
         for start in range(0, len(idx), self.batch_size):
             b = idx[start:start + self.batch_size]
-            x = self.images[b]
-            if aug is not None:
-                x = crop_flip(x, aug[0][b], aug[1][b])
-            yield self.normalize(x), self.labels[b]
+            x = torch.index_select(source, 0, b if rows is None else rows[b])
+            yield self.normalize(x), torch.index_select(self.labels, 0, b)
 
     def normalize(self, x):
-        x = (x.float() - self.mean) / self.std
+        x = x.float().sub_(self.mean).div_(self.std)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         return x.to(self.dtype)
+
+
+def crop_windows(images, pad):
+    """Every pad-crop window of the padded images and of their mirror images, as a
+    strided view: row r is the C x H x W window whose first element is element r of
+    [padded images, padded mirrored images] laid out flat. Rows overlap; the view
+    only reads."""
+    n, c, h, w = images.shape
+    padded = torch.nn.functional.pad(images, (pad, pad, pad, pad))
+    store = torch.cat([padded, padded.flip(-1)]).contiguous()
+    hp, wp = h + 2 * pad, w + 2 * pad
+    extent = (c - 1) * hp * wp + (h - 1) * wp + w  # elements a window spans
+    return torch.as_strided(store, (store.numel() - extent + 1, c, h, w), (1, hp * wp, wp, 1))
 
 
 def hash_seed(*parts):

@@ -153,6 +153,26 @@ def test_crop_and_flip_match_pad_slice_and_mirror():
         assert torch.equal(out[i], want.flip(-1) if flips[i] else want)
 
 
+@pytest.mark.parametrize("shape", [(3, 32, 32), (3, 5, 7)])
+def test_device_loader_batches_are_crop_flip_of_its_draws(shape):
+    # The loader reads crops from a strided view of padded and mirrored copies; the
+    # batches must be exactly crop_flip of the drawn offsets and flips, normalised.
+    g = torch.Generator().manual_seed(3)
+    images = torch.randint(0, 256, (40, *shape), dtype=torch.uint8, generator=g)
+    labels = torch.arange(40) % 10
+    loader = data.DeviceLoader(images, labels, 16, train=True, rank=1, size=2, seed=5)
+    loader.set_epoch(2)
+    offsets, flips = loader.augmentation()
+    assert flips.any() and not flips.all() and (offsets[:, 1] != 4).any()
+    idx = loader.indices()
+    batches = list(loader)
+    assert [len(y) for _, y in batches] == [16, 4]
+    x = torch.cat([xb for xb, _ in batches])
+    want = data.crop_flip(images[idx], offsets[idx], flips[idx])
+    assert torch.equal(x, (want.float() - loader.mean) / loader.std)
+    assert torch.equal(torch.cat([yb for _, yb in batches]), labels[idx])
+
+
 def test_augmentation_statistics():
     n = 9000
     loader = data.DeviceLoader(torch.zeros(n, 3, 1, 1, dtype=torch.uint8), torch.zeros(n, dtype=torch.long),
