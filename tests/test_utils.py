@@ -1,5 +1,6 @@
 """utils.py in process: the LR schedule, host syncs in the step loop, checkpoint helpers."""
 import math
+import os
 
 import pytest
 import torch
@@ -96,3 +97,65 @@ def test_replace_batchnorm_keeps_state():
         pass
     utils.replace_batchnorm(net, MyBN)
     assert isinstance(net[1], MyBN) and torch.all(net[1].running_mean == 0.5)
+
+
+# ---------------------------------------------------------------------------
+# CPU placement: each local rank on its own share of the cores
+
+PLACEMENT_PROBE = """
+import json, os, sys, threading, torch, utils
+early = threading.Event()
+t = threading.Thread(target=early.wait, daemon=True)  # a thread that exists before the call
+t.start()
+for local_rank, local_size in json.loads(sys.argv[1]):
+    utils.pick_device(local_rank, local_size)
+print(json.dumps({"process": sorted(os.sched_getaffinity(0)), "early": sorted(os.sched_getaffinity(t.native_id)),
+                  "threads": torch.get_num_threads()}))
+"""
+
+
+def place(calls, prefix=(), **env):
+    import json
+    import subprocess
+    import sys
+    from conftest import ROOT
+    full_env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    full_env.update(env)
+    r = subprocess.run([*prefix, sys.executable, "-c", PLACEMENT_PROBE, json.dumps(calls)], cwd=ROOT,
+                       env=full_env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+CORES = sorted(os.sched_getaffinity(0))
+free = pytest.mark.skipif(len(CORES) < 2 or len(CORES) < os.cpu_count(),
+                          reason="needs 2+ cores and a test process that is not pinned")
+
+
+@free
+def test_local_ranks_get_their_own_cores():
+    per = len(CORES) // 2
+    got = place([[1, 2]])
+    assert got["process"] == got["early"] == CORES[per:2 * per]  # every thread, also one started before
+    assert got["threads"] == per
+    assert place([[0, 2]])["process"] == CORES[:per]
+
+
+@free
+def test_more_local_ranks_than_cores_share_them_all():
+    got = place([[0, len(CORES) + 1]])
+    assert got["process"] == CORES and got["threads"] == 1
+
+
+@free
+def test_elastic_reset_splits_the_starting_cores_anew():
+    got = place([[1, 2], [0, 1]])  # np=2, then alone on the host after a reset
+    assert got["process"] == got["early"] == CORES and got["threads"] == len(CORES)
+
+
+@free
+def test_launcher_binding_and_omp_num_threads_are_kept():
+    got = place([[1, 2]], prefix=("taskset", "-c", str(CORES[0])))  # as mpirun --bind-to core leaves it
+    assert got["process"] == [CORES[0]] and got["threads"] == 1
+    got = place([[1, 2]], OMP_NUM_THREADS="1")
+    assert got["process"] == CORES and got["threads"] == 1
