@@ -105,16 +105,19 @@ def test_replace_batchnorm_keeps_state():
 PLACEMENT_PROBE = """
 import json, os, sys, threading, torch, utils
 early = threading.Event()
-t = threading.Thread(target=early.wait, daemon=True)  # a thread that exists before the call
+t = threading.Thread(target=early.wait, daemon=True)  # a thread that exists before the calls
 t.start()
+states = []
 for local_rank, local_size in json.loads(sys.argv[1]):
     utils.pick_device(local_rank, local_size)
-print(json.dumps({"process": sorted(os.sched_getaffinity(0)), "early": sorted(os.sched_getaffinity(t.native_id)),
-                  "threads": torch.get_num_threads()}))
+    states.append({"process": sorted(os.sched_getaffinity(0)), "early": sorted(os.sched_getaffinity(t.native_id)),
+                   "threads": torch.get_num_threads()})
+print(json.dumps(states))
 """
 
 
 def place(calls, prefix=(), **env):
+    """The placement after each pick_device(local_rank, local_size) call, in one new process."""
     import json
     import subprocess
     import sys
@@ -132,30 +135,35 @@ free = pytest.mark.skipif(len(CORES) < 2 or len(CORES) < os.cpu_count(),
                           reason="needs 2+ cores and a test process that is not pinned")
 
 
+@pytest.fixture(scope="module")
+def unbound():
+    # As under horovodrun: rank 1 of 2, rank 0 of 2, more ranks than cores, then alone
+    # on the host (an elastic reset). Each call splits the cores the process began with.
+    return place([[1, 2], [0, 2], [0, len(CORES) + 1], [0, 1]])
+
+
 @free
-def test_local_ranks_get_their_own_cores():
+def test_local_ranks_get_their_own_cores(unbound):
     per = len(CORES) // 2
-    got = place([[1, 2]])
-    assert got["process"] == got["early"] == CORES[per:2 * per]  # every thread, also one started before
-    assert got["threads"] == per
-    assert place([[0, 2]])["process"] == CORES[:per]
+    rank1, rank0 = unbound[0], unbound[1]
+    assert rank1["process"] == rank1["early"] == CORES[per:2 * per]  # every thread, also one started before
+    assert rank1["threads"] == per
+    assert rank0["process"] == rank0["early"] == CORES[:per] and rank0["threads"] == per
 
 
 @free
-def test_more_local_ranks_than_cores_share_them_all():
-    got = place([[0, len(CORES) + 1]])
-    assert got["process"] == CORES and got["threads"] == 1
+def test_more_local_ranks_than_cores_share_them_all(unbound):
+    assert unbound[2]["process"] == CORES and unbound[2]["threads"] == 1
 
 
 @free
-def test_elastic_reset_splits_the_starting_cores_anew():
-    got = place([[1, 2], [0, 1]])  # np=2, then alone on the host after a reset
-    assert got["process"] == got["early"] == CORES and got["threads"] == len(CORES)
+def test_elastic_reset_splits_the_starting_cores_anew(unbound):
+    assert unbound[3]["process"] == unbound[3]["early"] == CORES and unbound[3]["threads"] == len(CORES)
 
 
 @free
 def test_launcher_binding_and_omp_num_threads_are_kept():
-    got = place([[1, 2]], prefix=("taskset", "-c", str(CORES[0])))  # as mpirun --bind-to core leaves it
+    got = place([[1, 2]], prefix=("taskset", "-c", str(CORES[0])))[0]  # as mpirun --bind-to core leaves it
     assert got["process"] == [CORES[0]] and got["threads"] == 1
-    got = place([[1, 2]], OMP_NUM_THREADS="1")
+    got = place([[1, 2]], OMP_NUM_THREADS="1")[0]
     assert got["process"] == CORES and got["threads"] == 1
