@@ -1,6 +1,6 @@
 """Side-by-side benchmarks of the trainer, each figure a ratio measured in one run.
 
-    .venv/bin/python benchmarks/run.py            # full run (5-8 min on 2 idle-ish CPU cores)
+    .venv/bin/python benchmarks/run.py            # full run (3-8 min on 2 CPU cores)
     .venv/bin/python benchmarks/run.py --quick    # smoke run (~50 s), for tests
     .venv/bin/python benchmarks/run.py --only loader,syncs   # a subset (figures left out say so)
 
@@ -674,7 +674,7 @@ def write_markdown(path, res):
              + (" — **quick smoke run, not the real figures**" if res["quick"] else "") + ".")
     L.append("Each figure is a ratio of two sides measured in the same run, alternating A B / B A; the value")
     L.append("is the median of the per-repeat ratios, and every repeat is listed. Raw numbers: `results.json`.")
-    L.append("To reproduce: `.venv/bin/python benchmarks/run.py` (5-8 minutes on 2 CPU cores, longer when they are busy;")
+    L.append("To reproduce: `.venv/bin/python benchmarks/run.py` (3-8 minutes on 2 CPU cores, longer when they are busy;")
     L.append("`--quick` is a smoke run that writes to a temporary folder).")
     L.append("")
     L.append("| | |")
