@@ -107,6 +107,7 @@ def main(argv=None):
     def on_reset():
         if device.type == "cpu":
             utils.pick_device(hvd.local_rank(), hvd.local_size())  # share the cores anew
+        world["loaders"] = None  # free the old loaders' copies before building the new ones
         world["loaders"] = utils.make_loaders(args, train_set, test_set, device, hvd.rank(), hvd.size())
         schedule.scale = lr_scale(args)  # linear scaling by the new world size
         if world["log"] is not None and world["log"].writer is not None:
