@@ -298,10 +298,11 @@ class TrainerRuns:
         if kind == "hvd2":
             cmd = [os.path.join(self.bin, "horovodrun"), "-np", "2", "--gloo", *cmd]
         env = self.env()
-        preexec = (lambda: os.sched_setaffinity(0, pin)) if pin else None
+        if pin:  # taskset, not preexec_fn: runs come from two threads at once (preexec_fn is unsafe there)
+            cmd = ["taskset", "-c", ",".join(map(str, sorted(pin))), *cmd]
         t0 = time.perf_counter()
         r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-                           stdin=subprocess.DEVNULL, preexec_fn=preexec)
+                           stdin=subprocess.DEVNULL)
         wall = time.perf_counter() - t0
         if r.returncode != 0:
             raise RuntimeError(f"trainer run failed ({r.returncode}): {shlex.join(cmd)}\n"
@@ -314,8 +315,6 @@ class TrainerRuns:
         images = sum(float(row["images_per_s"]) * float(row["epoch_time_s"]) for row in timed)
         shown = [os.path.relpath(c, ROOT) if c.startswith(ROOT) else c.replace(self.scratch, "$SCRATCH")
                  for c in cmd]
-        if pin:
-            shown = ["taskset", "-c", ",".join(map(str, sorted(pin))), *shown]
         return {"train_s": seconds, "images_per_s": images / seconds, "process_wall_s": wall,
                 "epoch_time_s": [float(row["epoch_time_s"]) for row in rows],
                 "world_size": int(rows[-1]["world_size"]), "load_1min_after": os.getloadavg()[0],
@@ -427,7 +426,8 @@ def bench_scaling(runs, cfg):
         res = {}
         for kind in [{"a": "np1", "b": "np2"}[k] for k in order] + (["pair"] if pin else []):
             if kind == "pair":
-                halves = [pin, set(usable) - pin]
+                half = len(pin)  # two equal halves, as np=2 gets (an odd last core stays out)
+                halves = [pin, set(usable[half:2 * half])]
                 with concurrent.futures.ThreadPoolExecutor(2) as pool:
                     both = list(pool.map(lambda cpus: runs.run("hvd", pin=cpus), halves))
                 res[kind] = dict(both[0], images_per_s=sum(b["images_per_s"] for b in both),
@@ -451,8 +451,8 @@ def bench_scaling(runs, cfg):
     if pin:
         extra["machine_ceiling"] = {
             "value": median(ceilings), "repeats": ceilings,
-            "what": "two independent np=1 processes at once, summed, over 2 x np=1 alone: what the machine "
-                    "gives two processes without Horovod"}
+            "what": "two independent np=1 processes started together, each one's images/s over its own timed "
+                    "epochs, summed, over 2 x np=1 alone: what the machine gives two processes without Horovod"}
         extra["of_ceiling"] = median(sides["np2"]) / median(sides["pair"])
     return {
         "value": median(ratios), "repeats": ratios,
