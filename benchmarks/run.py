@@ -664,6 +664,15 @@ def goal_text(name):
     return f"{op} {target:g}" if op != "==" else f"{target:g}"
 
 
+def sites_table(L, sites):
+    """Append a table of call sites and their counts, when there are any."""
+    if sites:
+        L.append("| phase, call, site | calls |")
+        L.append("|---|---|")
+        L.extend(f"| `{s['where']}` | {s['calls']} |" for s in sites)
+        L.append("")
+
+
 def write_markdown(path, res):
     m = res["machine"]
     figs = res["figures"]
@@ -788,21 +797,11 @@ def write_markdown(path, res):
         L.append(f"Syncs: {f['syncs_in_steps']} in the steps, {f['syncs_at_epoch_end']} at the end of the epoch, "
                  f"{f['syncs_before_loop']} before the loop.")
         L.append("")
-        if f["call_sites"]:
-            L.append("| phase, call, site | calls |")
-            L.append("|---|---|")
-            for s in f["call_sites"]:
-                L.append(f"| `{s['where']}` | {s['calls']} |")
-            L.append("")
+        sites_table(L, f["call_sites"])
         L.append(f"Blocking host-to-device copies on CUDA (`torch.tensor`/`torch.as_tensor` with `device=`; free on "
                  f"CPU, a stream synchronisation on CUDA): {fmt(f['cuda_blocking_h2d_per_step'])} per step.")
         L.append("")
-        if f["cuda_blocking_h2d_sites"]:
-            L.append("| phase, call, site | calls |")
-            L.append("|---|---|")
-            for s in f["cuda_blocking_h2d_sites"]:
-                L.append(f"| `{s['where']}` | {s['calls']} |")
-            L.append("")
+        sites_table(L, f["cuda_blocking_h2d_sites"])
         if "cuda_sync_debug_warnings" in f:
             L.append(f"torch.cuda.set_sync_debug_mode('warn') warnings during the epoch: {f['cuda_sync_debug_warnings']}.")
             L.append("")

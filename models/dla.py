@@ -78,15 +78,18 @@ def _conv_bn_relu(in_planes, out_planes):
 
 
 class DLA(nn.Module):
-    def __init__(self, block=BasicBlock, num_classes=10):
+    """The network around the trees; dla_simple.SimpleDLA is this with its binary Tree."""
+
+    def __init__(self, block=BasicBlock, num_classes=10, tree=None):
         super().__init__()
+        tree = tree or Tree
         self.base = _conv_bn_relu(3, 16)
         self.layer1 = _conv_bn_relu(16, 16)
         self.layer2 = _conv_bn_relu(16, 32)
-        self.layer3 = Tree(block, 32, 64, level=1, stride=1)
-        self.layer4 = Tree(block, 64, 128, level=2, stride=2)
-        self.layer5 = Tree(block, 128, 256, level=2, stride=2)
-        self.layer6 = Tree(block, 256, 512, level=1, stride=2)
+        self.layer3 = tree(block, 32, 64, level=1, stride=1)
+        self.layer4 = tree(block, 64, 128, level=2, stride=2)
+        self.layer5 = tree(block, 128, 256, level=2, stride=2)
+        self.layer6 = tree(block, 256, 512, level=1, stride=2)
         self.linear = nn.Linear(512, num_classes)
 
     def forward(self, x):
