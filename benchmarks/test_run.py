@@ -1,45 +1,98 @@
-"""Smoke tests of benchmarks/run.py: `.venv/bin/python -m pytest -q benchmarks`.
+"""Tests of the benchmarks: `.venv/bin/python -m pytest -q benchmarks`.
 
-The --quick run starts real trainer processes (main.py, main_horovod.py,
-horovodrun -np 2), so it takes about a minute on 2 cores. It checks that every
-figure is produced and reported, not what the figures are.
+The harness tests run no process. The --quick run starts real trainer processes
+(main.py, main_horovod.py, horovodrun -np 2), so it takes about a minute on 2
+cores; it checks that every registered figure is produced and reported, not what
+the figures are.
 """
 import json
 import os
 import subprocess
 import sys
+import types
 
+import pytest
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
+import harness  # noqa: E402
 import run  # noqa: E402
 
+FIGURE = types.SimpleNamespace(NAME="fake_ratio", GOAL=(">=", 1.0), DESCRIPTION="a fake figure",
+                               markdown=lambda fig: [f"fake section, value {fig['value']}", ""])
+OTHER = types.SimpleNamespace(NAME="fake_time", GOAL=("<=", 2.0), DESCRIPTION="another", markdown=None)
 
-def test_sync_counter_counts_and_restores():
-    before = {m: getattr(torch.Tensor, m) for m in run.SYNC_METHODS if hasattr(torch.Tensor, m)}
-    tensor_before = torch.tensor
-    counter = run.SyncCounter()
-    with counter:
-        t = torch.ones(3)
-        t.sum().item()
-        t.tolist()
-        float(t[0])
-        if t[0]:
-            pass
-        t.numpy()  # nested calls count once: numpy is the outermost
-        torch.tensor(2.0)  # no device= : not counted
-        torch.tensor(2.0, device="cpu")
-        (t + 1).sum()  # no sync
-    kinds = [(e[0], e[3]) for e in counter.events]
-    assert kinds == [("sync", "item"), ("sync", "tolist"), ("sync", "__float__"), ("sync", "__bool__"),
-                     ("sync", "numpy"), ("h2d", "torch.tensor(..., device=...)")]
-    assert all("test_run.py" in e[4] for e in counter.events), counter.events
-    assert {m: getattr(torch.Tensor, m) for m in before} == before
-    assert torch.tensor is tensor_before
-    assert "item" not in vars(torch.Tensor)
+
+def test_alternating_reverses_every_other_repeat():
+    assert harness.alternating(["a", "b"], 4) == [["a", "b"], ["b", "a"], ["a", "b"], ["b", "a"]]
+    assert harness.alternating(("a", "b", "c"), 2) == [["a", "b", "c"], ["c", "b", "a"]]
+    assert harness.alternating(["a", "b"], 0) == []
+
+
+def test_median_and_side_medians():
+    assert harness.median([3.0, 1.0, 2.0]) == 2.0
+    assert harness.median([4.0, 1.0, 2.0, 3.0]) == 2.5
+    assert harness.median([]) is None
+    assert harness.side_medians({"a": [1.0, 3.0, 2.0]}, "train_s", {"a": "side A"}) == \
+        {"side A": {"train_s": [1.0, 3.0, 2.0], "median": 2.0}}
+
+
+def judged(figures, **values):
+    res = {"figures": {name: dict(fig) for name, fig in values.items()}}
+    return harness.judge(res, figures)["figures"]
+
+
+def test_goal_judging():
+    assert harness.goal_met((">=", 20.0), 20.0) and not harness.goal_met((">=", 20.0), 19.9)
+    assert harness.goal_met(("<=", 1.02), 1.0) and not harness.goal_met(("<=", 1.02), 1.1)
+    assert harness.goal_met((">=", 1.0), None) is None
+    figs = judged([FIGURE], fake_ratio={"value": 1.5, "repeats": [1.2, 1.5, 1.8]})
+    assert figs["fake_ratio"] == {"value": 1.5, "repeats": [1.2, 1.5, 1.8], "goal": ">= 1",
+                                  "met": True, "repeats_agree": True}
+    assert harness.verdict(figs["fake_ratio"]) == "yes"
+
+
+def test_repeats_on_both_sides_of_the_goal_are_inconclusive():
+    figs = judged([FIGURE, OTHER], fake_ratio={"value": 0.9, "repeats": [0.8, 0.9, 1.1]},
+                  fake_time={"value": 2.5, "repeats": [2.5, 3.0]})
+    assert figs["fake_ratio"]["met"] is False and figs["fake_ratio"]["repeats_agree"] is False
+    assert harness.verdict(figs["fake_ratio"]) == "**no** (repeats disagree: inconclusive)"
+    assert figs["fake_time"]["met"] is False and figs["fake_time"]["repeats_agree"] is True
+    assert harness.verdict(figs["fake_time"]) == "**no**"
+
+
+def test_figures_not_run_are_skipped_in_registry_order():
+    figs = judged([FIGURE, OTHER], fake_time={"value": 1.0, "repeats": [1.0]})
+    assert list(figs) == ["fake_ratio", "fake_time"]
+    assert figs["fake_ratio"]["skipped"] == "not run (--only)" and figs["fake_ratio"]["met"] is None
+    assert harness.verdict(figs["fake_ratio"]) == "n/a"
+
+
+def test_markdown_has_summary_sections_and_factual_notes(tmp_path):
+    res = {"command": "python benchmarks/run.py", "date_utc": "2000-01-01 00:00", "quick": False,
+           "duration_s": 12.0, "load_average": {"start": [1.0, 1.0, 1.0], "end": [2.0, 1.5, 1.0]},
+           "machine": {"cpu_model": "CPU X", "cpu_count": 2, "cpus_usable": 2, "gpu": None, "torch": "t",
+                       "torchvision": "tv", "horovod": "h", "python": "3", "platform": "os", "commit": "abc",
+                       "tracked_changes_outside_benchmarks": False},
+           "figures": {"fake_ratio": {"value": 0.9, "repeats": [0.8, 1.1],
+                                      "sides": harness.side_medians({"a": [1.0, 2.0]}, "images_per_s")}}}
+    harness.judge(res, [FIGURE, OTHER])
+    harness.write_markdown(tmp_path / "R.md", res, [FIGURE, OTHER])
+    md = (tmp_path / "R.md").read_text()
+    assert "| `fake_ratio` — a fake figure | 0.9 | >= 1 | **no** (repeats disagree: inconclusive) |" in md
+    assert "## fake_ratio\n\nfake section, value 0.9\n" in md
+    assert "## fake_time\n\nSkipped: not run (--only).\n" in md
+    assert "- Repeats on both sides of the goal (inconclusive): fake_ratio." in md
+    assert harness.sides_table(res["figures"]["fake_ratio"]["sides"], "images_per_s", "images/s", ".0f") == \
+        ["| side | images/s per repeat | median |", "|---|---|---|", "| a | 1, 2 | 2 |", ""]
+
+
+def test_only_accepts_names_and_short_names():
+    assert run.parse_args(["--only", "loader_speedup,scaling"]).figures == [run.fig_loader, run.fig_scaling]
+    assert run.parse_args([]).figures == run.FIGURES
 
 
 def test_quick_run_writes_every_figure(tmp_path):
@@ -47,18 +100,25 @@ def test_quick_run_writes_every_figure(tmp_path):
                        cwd=ROOT, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     res = json.loads((tmp_path / "results.json").read_text())
-    assert res["quick"] is True
-    assert list(res["figures"]) == list(run.GOALS)
+    assert res["schema"] == harness.SCHEMA and res["quick"] is True
+    assert list(res["figures"]) == [m.NAME for m in run.FIGURES]
     for name, fig in res["figures"].items():
         if name == "scaling_efficiency_np2" and fig.get("skipped"):
             continue
         assert isinstance(fig["value"], float), (name, fig)
         assert fig["met"] in (True, False), (name, fig)
         assert fig["goal"]
-    assert res["figures"]["host_syncs_per_step"]["syncs_at_epoch_end"] == 1
     md = (tmp_path / "RESULTS.md").read_text()
-    for name in run.GOALS:
-        assert f"`{name}`" in md
+    for mod in run.FIGURES:
+        assert f"`{mod.NAME}`" in md and f"## {mod.NAME}\n" in md
     for field in ("cpu_model", "torch", "horovod"):
         assert str(res["machine"][field]) in md
     assert res["command"] in md
+
+
+def test_gpu_figures_refuse_without_a_gpu_in_one_line():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: benchmarks/gpu.py would run")
+    r = subprocess.run([sys.executable, os.path.join(HERE, "gpu.py")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "no CUDA GPU" in r.stderr

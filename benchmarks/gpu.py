@@ -1,0 +1,114 @@
+"""GPU figures: the trainer's own images/s on a named GPU, written to benchmarks/results-gpu.json.
+
+    make gpu-check                       # first: set-up against the machine's PyTorch, and a check
+    .venv/bin/python benchmarks/gpu.py   # then this, in one call of under 10 minutes
+
+Each figure is a real trainer run of ResNet-18 on 50,000 synthetic CIFAR-format images,
+timed by the trainer itself (metrics.csv images/s of the last epoch; the first epoch holds
+torch.compile's compiling). pytorch-cifar's pipeline (PIL transforms in 2 DataLoader
+workers, fp32, contiguous) runs in the same call as the baseline, as the CPU benchmark runs
+its loader. Absolute images/s mean something only on a GPU, so without one this exits at once.
+Goals (issue "GPU speed"):
+
+  main_bs128_bf16_img_s          main.py --amp bf16 --compile, batch 128          >= 35,000
+  horovod_hooks_bs128_bf16_img_s the same in main_horovod.py at np=1 with the
+                                 gradient hooks on (HOROVOD_ELASTIC=1)            >= 30,000
+  main_bs512_bf16_img_s          batch 512, --lr 0.4                              >= 70,000
+  speedup_vs_pytorch_cifar       main_bs128_bf16 over pytorch-cifar's pipeline    >= 5.5
+  amp_over_fp32                  --amp bf16 over fp32, both --compile, batch 128  >= 1.0
+  main_bs128_fp32_eager_img_s    main.py as by default (fp32, eager)              >= 12,100 (today's low)
+"""
+import argparse
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import harness  # puts the repository root on sys.path
+
+from tests import helpers  # noqa: E402
+
+IMAGES = 50000
+BF16 = ["--amp", "--amp-dtype", "bfloat16"]
+RUNS = {  # name: (script, flags, extra environment)
+    "main_bs128_bf16": ("main.py", [*BF16, "--compile"], {}),
+    "horovod_hooks_bs128_bf16": ("main_horovod.py", [*BF16, "--compile"], {"HOROVOD_ELASTIC": "1"}),
+    "main_bs512_bf16": ("main.py", [*BF16, "--compile", "--batch-size", "512", "--lr", "0.4"], {}),
+    "main_bs128_fp32": ("main.py", ["--compile"], {}),
+    "main_bs128_fp32_eager": ("main.py", [], {}),
+    "pytorch_cifar_pipeline": ("main.py", ["--loader", "torchvision", "--workers", "2", "--no-channels-last"], {}),
+}
+GOALS = {"main_bs128_bf16_img_s": 35000, "horovod_hooks_bs128_bf16_img_s": 30000,
+         "main_bs512_bf16_img_s": 70000, "speedup_vs_pytorch_cifar": 5.5, "amp_over_fp32": 1.0,
+         "main_bs128_fp32_eager_img_s": 12100}
+
+
+def trainer_run(name, scratch, epochs):
+    script, flags, extra = RUNS[name]
+    ckpt = os.path.join(scratch, name)
+    cmd = [sys.executable, script, "--arch", "resnet18", "--dataset", "synthetic", "--synthetic-size",
+           str(IMAGES), "--data-dir", os.path.join(scratch, "data"), "--epochs", str(epochs),
+           "--checkpoint-dir", ckpt, "--log-interval", "100000", *flags]
+    if script == "main_horovod.py":
+        cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "1", "--gloo", *cmd]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, cwd=harness.ROOT, env=helpers.env(extra), capture_output=True, text=True,
+                       timeout=400, stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        raise RuntimeError(f"{name} failed: {r.stderr.strip().splitlines()[-1:] or r.stdout[-500:]}")
+    with open(os.path.join(ckpt, "metrics.csv")) as f:
+        rows = list(csv.DictReader(f))
+    rate = float(rows[-1]["images_per_s"])
+    harness.log(f"{name}: {rate:,.0f} img/s (epoch {len(rows)}; {time.perf_counter() - t0:.0f} s in all)")
+    return {"images_per_s": rate, "epoch_time_s": [float(x["epoch_time_s"]) for x in rows],
+            "command": [os.path.relpath(c, harness.ROOT) if c.startswith(harness.ROOT) else c for c in cmd],
+            "env": extra}
+
+
+def figures(runs):
+    rate = {k: v["images_per_s"] for k, v in runs.items()}
+    return {
+        "main_bs128_bf16_img_s": rate["main_bs128_bf16"],
+        "horovod_hooks_bs128_bf16_img_s": rate["horovod_hooks_bs128_bf16"],
+        "main_bs512_bf16_img_s": rate["main_bs512_bf16"],
+        "speedup_vs_pytorch_cifar": rate["main_bs128_bf16"] / rate["pytorch_cifar_pipeline"],
+        "amp_over_fp32": rate["main_bs128_bf16"] / rate["main_bs128_fp32"],
+        "main_bs128_fp32_eager_img_s": rate["main_bs128_fp32_eager"],
+    }
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=os.path.join(harness.HERE, "results-gpu.json"))
+    p.add_argument("--epochs", type=int, default=2, help="per run; the last one is timed (default: 2)")
+    args = p.parse_args(argv)
+    import torch
+    if not torch.cuda.is_available():
+        print("benchmarks/gpu.py: no CUDA GPU here; these figures are images/s on a named GPU, "
+              "so run it on one (after make gpu-check)", file=sys.stderr)
+        return 1
+    started = time.perf_counter()
+    scratch = tempfile.mkdtemp(prefix="bench-gpu-")
+    try:
+        runs = {name: trainer_run(name, scratch, args.epochs) for name in RUNS}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    figs = figures(runs)
+    res = {"schema": harness.SCHEMA, "device": torch.cuda.get_device_name(),
+           "machine": harness.machine_info(), "duration_s": time.perf_counter() - started,
+           "figures": {k: {"value": v, "goal": f">= {GOALS[k]:g}", "met": v >= GOALS[k]} for k, v in figs.items()},
+           "runs": runs}
+    with open(args.out, "w") as f:
+        json.dump(res, f, indent=2)
+        f.write("\n")
+    for k, f in res["figures"].items():
+        print(f"{k:32s} {f['value']:>10,.1f}   goal {f['goal']:<10s} met {f['met']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Timed runs of the real trainers, shared by the figures that time them.
+
+main.py, main_horovod.py alone, or main_horovod.py under `horovodrun -np 2 --gloo`,
+with the same flags (LeNet on synthetic data: the only model cheap enough for
+several repeats on 2 CPU cores), on data generated once beforehand, each run in a
+fresh checkpoint folder and timed from its metrics.csv.
+"""
+import csv
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import harness  # puts the repository root on sys.path
+
+import data  # noqa: E402
+from tests import helpers  # noqa: E402
+
+# The settings of the trainer runs, part of each timing figure's own FULL / QUICK.
+FULL = dict(train_size=5000, train_batch=64, train_epochs=4, skip_epochs=1)
+QUICK = dict(train_size=250, train_batch=64, train_epochs=2, skip_epochs=1)
+
+
+def shared(cfg, ctx):
+    """The run's one TrainerRuns for these settings: the data is generated once for every figure."""
+    key = ("trainer_runs",) + tuple(cfg[k] for k in FULL)
+    return ctx.shared(key, lambda: TrainerRuns(cfg, ctx.scratch))
+
+
+def without_commands(record):
+    """The runs as results.json keeps them: the commands are shown once per side instead."""
+    return [{k: v for k, v in run.items() if k != "command"} for run in record]
+
+
+class TrainerRuns:
+    """Runs main.py / main_horovod.py on pre-generated synthetic data, fresh checkpoint dir each."""
+
+    def __init__(self, cfg, scratch):
+        self.cfg, self.scratch = cfg, scratch
+        self.data_dir = os.path.join(scratch, "trainer-data")
+        self.count, self.lock = 0, threading.Lock()
+        # Generated here, once, so that no timed run (and no rank) generates data.
+        data.generate_synthetic(data.synthetic_folder(self.data_dir, cfg["train_size"], 0),
+                                cfg["train_size"], cfg["train_size"] // 5, seed=0)
+        self.bin = os.path.dirname(sys.executable)
+
+    def flags(self, ckpt):
+        c = self.cfg
+        return ["--data-dir", self.data_dir, "--dataset", "synthetic",
+                "--synthetic-size", str(c["train_size"]), "--seed", "0", "--arch", "lenet",
+                "--epochs", str(c["train_epochs"]),
+                "--batch-size", str(c["train_batch"]), "--lr", "0.05", "--checkpoint-dir", ckpt]
+
+    def run(self, kind, pin=None):
+        """kind: main | hvd | hvd2. pin: CPUs the process is confined to (as taskset -c).
+        Safe to call from two threads at once (see fig_scaling's ceiling)."""
+        with self.lock:
+            self.count += 1
+            ckpt = os.path.join(self.scratch, f"ckpt-{self.count:03d}-{kind}")
+        script = ["main.py"] if kind == "main" else ["main_horovod.py"]
+        # main.py has no --warmup-epochs (it belongs to the Horovod port); at np=1 the
+        # warm-up is a no-op anyway (LR scale 1), and it is 0 for np=2 here too.
+        extra = [] if kind == "main" else ["--warmup-epochs", "0"]
+        cmd = [sys.executable, *script, *self.flags(ckpt), *extra]
+        if kind == "hvd2":
+            cmd = [os.path.join(self.bin, "horovodrun"), "-np", "2", "--gloo", *cmd]
+        if pin:  # taskset, not preexec_fn: runs come from two threads at once (preexec_fn is unsafe there)
+            cmd = ["taskset", "-c", ",".join(map(str, sorted(pin))), *cmd]
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, cwd=harness.ROOT, env=helpers.env(), capture_output=True, text=True,
+                           timeout=900, stdin=subprocess.DEVNULL)
+        wall = time.perf_counter() - t0
+        if r.returncode != 0:
+            raise RuntimeError(f"trainer run failed ({r.returncode}): {shlex.join(cmd)}\n"
+                               f"{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
+        with open(os.path.join(ckpt, "metrics.csv")) as f:
+            rows = list(csv.DictReader(f))
+        shutil.rmtree(ckpt, ignore_errors=True)
+        timed = rows[self.cfg["skip_epochs"]:]
+        seconds = sum(float(row["epoch_time_s"]) for row in timed)
+        images = sum(float(row["images_per_s"]) * float(row["epoch_time_s"]) for row in timed)
+        root = harness.ROOT
+        shown = [os.path.relpath(c, root) if c.startswith(root) else c.replace(self.scratch, "$SCRATCH")
+                 for c in cmd]
+        return {"train_s": seconds, "images_per_s": images / seconds, "process_wall_s": wall,
+                "epoch_time_s": [float(row["epoch_time_s"]) for row in rows],
+                "world_size": int(rows[-1]["world_size"]), "load_1min_after": os.getloadavg()[0],
+                "command": shown}
