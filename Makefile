@@ -3,7 +3,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_DIR := checkpoint/demo
 
-.PHONY: setup demo test
+GPU_PYTHON ?= python3
+
+.PHONY: setup demo test gpu-check
+# TORCH=system PYTHON=/path/to/python: use that Python's torch and torchvision (README).
 setup:
 	bash scripts/setup.sh
 
@@ -15,3 +18,7 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q tests
+
+# On a GPU machine: set up against its PyTorch, then short real jobs, one line each with images/s.
+gpu-check:
+	@python3 scripts/gpu_check.py --python $(GPU_PYTHON)

@@ -1,65 +1,143 @@
 #!/usr/bin/env bash
-# One idempotent set-up for a fresh Debian machine (run as root, or with sudo):
-#   Open MPI from Debian, .venv with pinned PyTorch, and Horovod 0.28.1 built
-#   from its sdist with the fixes it needs on current PyTorch (see README).
-# A second run reuses everything and takes seconds.
+# One idempotent set-up (run as root, or with sudo): Open MPI and build tools from
+# Debian, .venv, and Horovod 0.28.1 built from its sdist with the fixes current
+# PyTorch, gcc and CUDA need (README, "Set-up in detail"). A second run takes seconds.
+#
+#   bash scripts/setup.sh                          # .venv with requirements.txt's pinned torch
+#   TORCH=system PYTHON=/usr/bin/python3 bash scripts/setup.sh
+#                                                  # .venv that uses that Python's torch and
+#                                                  # torchvision (a GPU cluster's, an NGC image's)
+#   HOROVOD_SDIST=horovod-0.28.1.tar.gz WHEELS=dir # offline: the sdist and a folder of wheels
+#   HOROVOD_GPU_OPERATIONS=NCCL                    # build for GPUs where none is visible
+#   HOROVOD_BUILD_CUDA_CC_LIST=80,90               # kernels for these GPUs (default: the local ones)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 HOROVOD_VERSION=0.28.1
 UV_VERSION=0.13.9
-PYTHON=${PYTHON:-python3.11}
+TORCH=${TORCH:-pinned}
 VENV=.venv
 CACHE=${CIFAR_HVD_CACHE:-$HOME/.cache/cifar-horovod}
 
 log() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
+case "$TORCH" in
+    pinned) PYTHON=${PYTHON:-python3.11} ;;
+    system) PYTHON=${PYTHON:-python3} ;;
+    *) die "TORCH must be 'pinned' (the default) or 'system', not '$TORCH'" ;;
+esac
+
 # --- Open MPI and build tools from Debian ------------------------------------
-need_apt=()
-for pkg in openmpi-bin libopenmpi-dev cmake g++ make; do
-    dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
-done
-if [ ${#need_apt[@]} -gt 0 ]; then
-    SUDO=""
+apt_install() {
+    local SUDO=""
     if [ "$(id -u)" -ne 0 ]; then
-        command -v sudo >/dev/null || die "need root (or sudo) to apt-get install ${need_apt[*]}"
+        command -v sudo >/dev/null || return 1
         SUDO=sudo
     fi
-    log "apt-get install ${need_apt[*]}"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+    log "apt-get install $*"
+    $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+        $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+missing=()
+for pkg in openmpi-bin libopenmpi-dev cmake g++ make; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+WITH_MPI=1
+if [ ${#missing[@]} -gt 0 ] && ! apt_install "${missing[@]}"; then
+    # Offline GPU machines often have the compilers but no Open MPI: Horovod then runs on gloo.
+    for tool in cmake g++ make; do
+        command -v "$tool" >/dev/null || die "could not apt-get install ${missing[*]}, and $tool is missing"
+    done
+    command -v mpicxx >/dev/null || { WITH_MPI=0; log "no Open MPI and no apt: building Horovod without MPI (gloo only)"; }
 fi
 
 # --- Python environment -------------------------------------------------------
-command -v "$PYTHON" >/dev/null || die "$PYTHON not found; install Python 3.11 or set PYTHON=/path/to/python3.11"
-if [ ! -x "$VENV/bin/python" ]; then
-    log "creating $VENV"
-    "$PYTHON" -m venv "$VENV"
-fi
+command -v "$PYTHON" >/dev/null || die "$PYTHON not found; install Python 3.11 or set PYTHON=/path/to/python"
 PY="$VENV/bin/python"
-# Pinned torch/torchvision come from the registry: the CPU-only torch wheel some
-# machines keep locally makes `import torchvision` fail (torchvision::nms).
-req_stamp="$VENV/requirements.sha256"
-if [ "$(cat "$req_stamp" 2>/dev/null)" != "$(sha256sum requirements.txt)" ]; then
-    log "installing requirements.txt with uv"
-    # uv installs the 5 GB of CUDA-enabled torch from its cache in seconds where
-    # pip takes minutes; it also ignores pip's local wheel folders.
-    "$PY" -m pip install -q "uv==$UV_VERSION"
-    "$PY" -m uv pip install --python "$PY" -q -r requirements.txt
-    sha256sum requirements.txt > "$req_stamp"
+mode_stamp="$VENV/torch-mode.txt"
+want_mode=pinned
+[ "$TORCH" = system ] && want_mode="system $(command -v "$PYTHON")"
+have_mode=$(cat "$mode_stamp" 2>/dev/null || echo pinned)
+if [ -x "$PY" ] && [ "$have_mode" != "$want_mode" ]; then
+    log "$VENV was made for '$have_mode'; making it anew for '$want_mode'"
+    rm -rf "$VENV"
 fi
 
+if [ "$TORCH" = system ]; then
+    # This venv sees the other Python's packages through a .pth file (a venv made from a venv
+    # or conda env would see only the base interpreter's), installs nothing that is there,
+    # and shadows nothing. Its own pip is that Python's.
+    "$PYTHON" -c 'import torch, torchvision' 2>/dev/null \
+        || die "TORCH=system: $PYTHON cannot import torch and torchvision; install them there, or drop TORCH=system"
+    if [ ! -x "$PY" ]; then
+        log "creating $VENV on $PYTHON's torch"
+        "$PYTHON" -m venv --without-pip "$VENV" || die "$PYTHON -m venv failed (Debian: apt-get install python3-venv)"
+    fi
+    site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    "$PYTHON" - > "$site/_system_torch.pth" <<'PY'
+import os, sys
+seen = set()
+for p in sys.path:  # that Python's own site folders, torch's among them
+    if p.rstrip("/").endswith(("site-packages", "dist-packages")) and os.path.isdir(p) and p not in seen:
+        seen.add(p)
+        print(p)
+PY
+    "$PY" -m pip --version >/dev/null 2>&1 || die "TORCH=system: $PYTHON has no pip; install python3-pip there"
+    PIP=("$PY" -m pip install -q)
+    [ -n "${WHEELS:-}" ] && PIP+=(--no-index --find-links "$WHEELS")
+    # Only what is missing: torch and torchvision are that Python's, mpi4py needs MPI.
+    need=()
+    while read -r req; do
+        name=${req%%[=<> ]*}
+        case "$name" in torch|torchvision|'') continue ;; mpi4py) [ "$WITH_MPI" = 1 ] || continue ;; esac
+        "$PY" -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "$name" 2>/dev/null || need+=("$req")
+    done < <(grep -v '^\s*#' requirements.txt)
+    if [ ${#need[@]} -gt 0 ]; then
+        log "installing what $PYTHON lacks: ${need[*]}"
+        "${PIP[@]}" "${need[@]}"
+    fi
+else
+    if [ ! -x "$PY" ]; then
+        log "creating $VENV"
+        "$PYTHON" -m venv "$VENV"
+    fi
+    # Pinned torch/torchvision come from the registry: the CPU-only torch wheel some
+    # machines keep locally makes `import torchvision` fail (torchvision::nms).
+    req_stamp="$VENV/requirements.sha256"
+    if [ "$(cat "$req_stamp" 2>/dev/null)" != "$(sha256sum requirements.txt)" ]; then
+        log "installing requirements.txt with uv"
+        # uv installs the 5 GB of CUDA-enabled torch from its cache in seconds where
+        # pip takes minutes; it also ignores pip's local wheel folders.
+        "$PY" -m pip install -q "uv==$UV_VERSION"
+        "$PY" -m uv pip install --python "$PY" -q -r requirements.txt
+        sha256sum requirements.txt > "$req_stamp"
+    fi
+fi
+echo "$want_mode" > "$mode_stamp"
+
 # --- Horovod ------------------------------------------------------------------
-TORCH_VERSION=$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')
+TORCH_VERSION=$("$PY" -c 'import torch; print(torch.__version__)')
 PYTAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-GPU_OPS=""
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+GPU_OPS=${HOROVOD_GPU_OPERATIONS:-}
+if [ -z "$GPU_OPS" ] && command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     GPU_OPS=NCCL
 fi
-FLAVOUR=${GPU_OPS:+nccl}
-FLAVOUR=${FLAVOUR:-cpu}
-WHEEL_DIR="$CACHE/horovod-$HOROVOD_VERSION-torch$TORCH_VERSION-$PYTAG-$FLAVOUR"
+FLAVOUR=cpu
+if [ -n "$GPU_OPS" ]; then
+    # Kernels for this host's GPUs only (about 2 minutes instead of every architecture).
+    if [ -z "${HOROVOD_BUILD_CUDA_CC_LIST:-}" ]; then
+        HOROVOD_BUILD_CUDA_CC_LIST=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null \
+            | tr -d . | sort -u | paste -sd, -) || true
+        [ -n "$HOROVOD_BUILD_CUDA_CC_LIST" ] \
+            || die "no GPU visible to choose kernels for: set HOROVOD_BUILD_CUDA_CC_LIST (e.g. 90 for H100)"
+    fi
+    export HOROVOD_BUILD_CUDA_CC_LIST
+    FLAVOUR="nccl-cc${HOROVOD_BUILD_CUDA_CC_LIST//,/_}"
+fi
+[ "$WITH_MPI" = 1 ] || FLAVOUR="$FLAVOUR-nompi"
+PATCHES=2  # raised whenever the fixes below change what is built
+WHEEL_DIR="$CACHE/horovod-$HOROVOD_VERSION-p$PATCHES-torch${TORCH_VERSION//+/_}-$PYTAG-$FLAVOUR"
 
 installed_ok() {
     "$PY" - "$HOROVOD_VERSION" "$WHEEL_DIR" <<'PY' 2>/dev/null
@@ -71,48 +149,74 @@ sys.exit(0 if horovod.__version__ == sys.argv[1]
 PY
 }
 
+build_wheel() {
+    local work src nccl
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' RETURN
+    if [ -n "${HOROVOD_SDIST:-}" ]; then
+        cp "$HOROVOD_SDIST" "$work/"
+    else
+        "$PY" -m pip download -q --no-deps --no-binary :all: --no-build-isolation \
+            "horovod==$HOROVOD_VERSION" -d "$work"
+    fi
+    tar -xzf "$work"/horovod-"$HOROVOD_VERSION".tar.gz -C "$work"
+    src="$work/horovod-$HOROVOD_VERSION"
+    # Fix 1: PyTorch >= 2.1 needs C++17 and 2.14 needs C++20. Raise the standard in BOTH
+    # files: raising only torch's gives a duplicate gloo symbol at link time.
+    sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 20/' \
+        "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
+    grep -q 'CMAKE_CXX_STANDARD 20' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt" \
+        || die "could not patch the C++ standard in horovod's CMakeLists.txt"
+    # Fix 2: CUDA 13's nvcc has no C++11 mode: the CUDA kernels are built as C++17.
+    sed -i 's/set(CMAKE_CUDA_STANDARD 11)/set(CMAKE_CUDA_STANDARD 17)/' "$src/horovod/common/ops/cuda/CMakeLists.txt"
+    grep -q 'CMAKE_CUDA_STANDARD 17' "$src/horovod/common/ops/cuda/CMakeLists.txt" \
+        || die "could not patch the CUDA standard in horovod/common/ops/cuda/CMakeLists.txt"
+    # Fix 9: gloo's process-set contexts (the global one included) ignore --network-interface /
+    # HOROVOD_GLOO_IFACE and bind to whatever the host name resolves to: on Debian's
+    # "127.0.1.1 hostname" line, hvd.init() across hosts fails with "Connection refused".
+    sed -i '/void GlooContext::InitializeForProcessSet/,/CreateDevice/ s/device_attr.iface = gloo_iface_;/gloo_iface_ = global_context.gloo_iface_;\n  device_attr.iface = gloo_iface_;/' \
+        "$src/horovod/common/gloo/gloo_context.cc"
+    grep -q 'gloo_iface_ = global_context.gloo_iface_;' "$src/horovod/common/gloo/gloo_context.cc" \
+        || die "could not patch horovod/common/gloo/gloo_context.cc"
+    # Fix 3: gcc 13 no longer includes <string> and <cstdint> through other headers.
+    export CXXFLAGS="${CXXFLAGS:-} -include string -include cstdint"
+    # Fix 4: CMake >= 4 refuses the bundled gloo's cmake_minimum_required(2.8.12).
+    export CMAKE_POLICY_VERSION_MINIMUM=3.5
+    # Fix 5: /usr/local/bin/nvcc may be a wrapper that misleads FindCUDAToolkit.
+    if [ -d /usr/local/cuda/bin ]; then
+        export CUDA_HOME=/usr/local/cuda PATH="/usr/local/cuda/bin:$PATH"
+    fi
+    # Fix 6: setup.py wants cffi at build time, and without build isolation pip fetches nothing.
+    "$PY" -c 'import cffi' 2>/dev/null || die "cffi must be installed before Horovod is built"
+    export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
+    if [ "$WITH_MPI" = 1 ]; then export HOROVOD_WITH_MPI=1; else export HOROVOD_WITHOUT_MPI=1; fi
+    if [ -n "$GPU_OPS" ]; then
+        export HOROVOD_GPU_OPERATIONS=NCCL
+        if [ -z "${HOROVOD_NCCL_HOME:-}" ]; then
+            # Fix 7: the nvidia-nccl-cu* wheel ships include/ and lib/libnccl.so.2 only; CMake
+            # looks for libnccl.so. A folder of links gives it both.
+            nccl=$("$PY" -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null) \
+                || die "HOROVOD_GPU_OPERATIONS=NCCL: no nvidia-nccl package; set HOROVOD_NCCL_HOME"
+            mkdir -p "$work/nccl/lib"
+            ln -s "$nccl/include" "$work/nccl/include"
+            ln -s "$nccl/lib/libnccl.so.2" "$work/nccl/lib/libnccl.so.2"
+            ln -s libnccl.so.2 "$work/nccl/lib/libnccl.so"
+            export HOROVOD_NCCL_HOME="$work/nccl" HOROVOD_NCCL_LINK=SHARED
+        fi
+    fi
+    export MAKEFLAGS="-j$(nproc)"
+    # Fix 8: no build isolation, so the build sees the installed torch.
+    "$PY" -m pip wheel -q --no-deps --no-build-isolation "$src" -w "$work/wheel"
+    mkdir -p "$WHEEL_DIR"
+    mv "$work"/wheel/horovod-*.whl "$WHEEL_DIR/"
+}
+
 if installed_ok; then
     log "horovod $HOROVOD_VERSION already installed ($FLAVOUR, torch $TORCH_VERSION)"
 else
     if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
         log "building horovod $HOROVOD_VERSION from sdist ($FLAVOUR, torch $TORCH_VERSION); takes 3-8 min on 2 cores"
-        work=$(mktemp -d)
-        trap 'rm -rf "$work"' EXIT
-        if [ -n "${HOROVOD_SDIST:-}" ]; then
-            cp "$HOROVOD_SDIST" "$work/"
-        else
-            "$PY" -m pip download -q --no-deps --no-binary :all: --no-build-isolation \
-                "horovod==$HOROVOD_VERSION" -d "$work"
-        fi
-        tar -xzf "$work"/horovod-"$HOROVOD_VERSION".tar.gz -C "$work"
-        src="$work/horovod-$HOROVOD_VERSION"
-        # Fix 1: PyTorch >= 2.1 needs C++17 and 2.14 needs C++20. Raise the
-        # standard in BOTH files: raising only torch's gives a duplicate gloo
-        # symbol at link time (gloo built as C++14, the torch part as C++20).
-        sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 20/' \
-            "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
-        grep -q 'CMAKE_CXX_STANDARD 20' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt" \
-            || die "could not patch the C++ standard in horovod's CMakeLists.txt"
-        # Fix 2: CMake >= 4 refuses the bundled gloo's cmake_minimum_required(2.8.12).
-        export CMAKE_POLICY_VERSION_MINIMUM=3.5
-        # Fix 3: /usr/local/bin/nvcc may be a wrapper that misleads FindCUDAToolkit.
-        if [ -d /usr/local/cuda/bin ]; then
-            export CUDA_HOME=/usr/local/cuda PATH="/usr/local/cuda/bin:$PATH"
-        fi
-        export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
-               HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1
-        if [ -n "$GPU_OPS" ]; then
-            export HOROVOD_GPU_OPERATIONS=NCCL
-            if [ -z "${HOROVOD_NCCL_HOME:-}" ]; then
-                nccl=$("$PY" -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null || true)
-                [ -n "$nccl" ] && export HOROVOD_NCCL_HOME="$nccl"
-            fi
-        fi
-        export MAKEFLAGS="-j$(nproc)"
-        mkdir -p "$WHEEL_DIR"
-        # Fix 4: no build isolation, so the build sees the installed torch.
-        "$PY" -m pip wheel -q --no-deps --no-build-isolation "$src" -w "$work/wheel"
-        mv "$work"/wheel/horovod-*.whl "$WHEEL_DIR/"
+        build_wheel
     else
         log "using cached wheel in $WHEEL_DIR"
     fi
@@ -122,9 +226,18 @@ fi
 
 # --- Verify -------------------------------------------------------------------
 check=$("$VENV/bin/horovodrun" --check-build 2>&1) || die "horovodrun --check-build failed: $check"
-for fw in PyTorch Gloo MPI; do
+want=(PyTorch Gloo)
+[ "$WITH_MPI" = 1 ] && want+=(MPI)
+for fw in "${want[@]}"; do
     printf '%s\n' "$check" | grep -Eq "\[X\] $fw" || die "horovod was built without $fw:
 $check"
 done
+if [ -n "$GPU_OPS" ]; then
+    # --check-build lists nothing useful for GPU builds; ask Horovod itself.
+    nccl_built=$("$PY" -c 'import horovod.torch as hvd; print(hvd.nccl_built())')
+    [ "$nccl_built" != 0 ] || die "horovod was built without NCCL (hvd.nccl_built() is 0); see the build log above"
+    log "NCCL built in: hvd.nccl_built() = $nccl_built, kernels for compute capability $HOROVOD_BUILD_CUDA_CC_LIST"
+fi
 "$PY" -c 'import torch, torchvision; torchvision.ops.nms' || die "torchvision does not import against torch"
-log "ok: torch $TORCH_VERSION, horovod $HOROVOD_VERSION with PyTorch, Gloo and MPI ($FLAVOUR)"
+where=$("$PY" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')
+log "ok: torch $TORCH_VERSION from $where, horovod $HOROVOD_VERSION with ${want[*]} ($FLAVOUR)"

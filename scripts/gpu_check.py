@@ -1,0 +1,180 @@
+"""`make gpu-check`: on a GPU machine, set up against its PyTorch, then run short real jobs.
+
+    make gpu-check                         # set-up (TORCH=system where a CUDA torch exists), then jobs
+    make gpu-check GPU_PYTHON=/opt/conda/bin/python
+    python3 scripts/gpu_check.py --device cpu --quick --no-setup   # the same jobs on the CPU
+
+Each job prints one line with its images/s (the last epoch's, from metrics.csv) or why it
+failed; the exit status is non-zero if any job failed. Without a GPU it says so in one
+line and exits 1 at once. Offline, give the set-up HOROVOD_SDIST= and WHEELS= (README).
+The lines also go to --out (JSON) for benchmarks/RESULTS.md.
+
+The preflight uses the standard library only, so any python3 runs it.
+"""
+import argparse
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+VENV_PY = os.path.join(ROOT, ".venv", "bin", "python")
+MPI_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+def say(line):
+    print(f"gpu-check: {line}", flush=True)
+
+
+def gpus():
+    """The GPUs nvidia-smi lists, or None without a usable nvidia-smi."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("GPU")]
+    return lines if r.returncode == 0 and lines else None
+
+
+def has_cuda_torch(python):
+    code = "import torch, torchvision, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
+    try:
+        return subprocess.run([python, "-c", code], capture_output=True, timeout=120).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def setup(python):
+    env = dict(os.environ)
+    if has_cuda_torch(python):
+        env.update(TORCH="system", PYTHON=python)
+        say(f"set-up against {python}'s PyTorch (TORCH=system)")
+    else:
+        say(f"{python} has no CUDA PyTorch: set-up with the pinned one (needs the registry)")
+    return subprocess.run(["bash", os.path.join(ROOT, "scripts", "setup.sh")], cwd=ROOT, env=env).returncode
+
+
+def jobs(cfg):
+    """(name, launcher, flags, extra environment) of each job. launcher: main | hvd."""
+    hooks = {"HOROVOD_ELASTIC": "1"}  # np=1 with the gradient hooks on, as at every np >= 2
+    return [
+        ("main.py", "main", [], {}),
+        ("main.py --no-channels-last", "main", ["--no-channels-last"], {}),
+        ("main.py --amp --amp-dtype bfloat16", "main", ["--amp", "--amp-dtype", "bfloat16"], {}),
+        ("main.py --compile", "main", ["--compile"], {}),
+        ("main_horovod.py np=1", "hvd", [], {}),
+        ("main_horovod.py np=1, gradient hooks on", "hvd", [], hooks),
+        ("main_horovod.py np=1, hooks on, --no-channels-last", "hvd", ["--no-channels-last"], hooks),
+        ("main_horovod.py np=1, hooks on, bf16", "hvd", ["--amp", "--amp-dtype", "bfloat16"], hooks),
+    ]
+
+
+def last_rate(ckpt):
+    with open(os.path.join(ckpt, "metrics.csv")) as f:
+        rows = list(csv.DictReader(f))
+    return float(rows[-1]["images_per_s"]), len(rows)
+
+
+def run_job(py, cfg, scratch, n, name, launcher, flags, extra, results):
+    ckpt = os.path.join(scratch, f"job{n}")
+    base = ["--dataset", "synthetic", "--synthetic-size", str(cfg["images"]), "--data-dir",
+            os.path.join(scratch, "data"), "--arch", cfg["arch"], "--batch-size", str(cfg["batch"]),
+            "--epochs", str(cfg["epochs"]), "--lr", "0.05", "--checkpoint-dir", ckpt, "--log-interval", "1000"]
+    cmd = [py, "main.py" if launcher == "main" else "main_horovod.py", *base, *flags]
+    if launcher == "hvd":
+        cmd = [os.path.join(os.path.dirname(py), "horovodrun"), "-np", "1", "--gloo", *cmd]
+    env = dict(os.environ, **MPI_ROOT, **extra, PYTHONUNBUFFERED="1")
+    if cfg["device"] == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=cfg["timeout"],
+                       stdin=subprocess.DEVNULL)
+    wall = time.perf_counter() - t0
+    if r.returncode != 0:
+        why = ([ln for ln in (r.stderr + r.stdout).splitlines() if ln.strip()] or ["no output"])[-1]
+        say(f"{name}: FAILED ({why.strip()[:200]})")
+        results.append({"job": name, "ok": False, "error": why.strip(), "command": cmd})
+        return False, ckpt
+    rate, epochs = last_rate(ckpt)
+    say(f"{name}: {rate:,.0f} img/s (epoch {epochs}, {wall:.0f} s in all)")
+    results.append({"job": name, "ok": True, "images_per_s": rate, "wall_s": wall, "env": extra,
+                    "command": [os.path.relpath(c, ROOT) if c.startswith(ROOT) else c for c in cmd]})
+    return True, ckpt
+
+
+def resume_job(py, cfg, scratch, ckpt, results):
+    """--resume of the hooks-on run one epoch further, as a job of its own."""
+    cmd = [os.path.join(os.path.dirname(py), "horovodrun"), "-np", "1", "--gloo", py, "main_horovod.py",
+           "--dataset", "synthetic", "--synthetic-size", str(cfg["images"]), "--data-dir",
+           os.path.join(scratch, "data"), "--arch", cfg["arch"], "--batch-size", str(cfg["batch"]),
+           "--epochs", str(cfg["epochs"] + 1), "--checkpoint-dir", ckpt, "--resume", "--log-interval", "1000"]
+    env = dict(os.environ, **MPI_ROOT, HOROVOD_ELASTIC="1", PYTHONUNBUFFERED="1")
+    if cfg["device"] == "cpu":
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=cfg["timeout"],
+                       stdin=subprocess.DEVNULL)
+    ok = r.returncode == 0 and last_rate(ckpt)[1] == cfg["epochs"] + 1
+    if ok:
+        rate, epochs = last_rate(ckpt)
+        say(f"main_horovod.py np=1, hooks on, --resume: {rate:,.0f} img/s (epoch {epochs} of {epochs})")
+    else:
+        say(f"main_horovod.py np=1, hooks on, --resume: FAILED ({(r.stderr.strip().splitlines() or ['?'])[-1]})")
+    results.append({"job": "--resume", "ok": ok})
+    return ok
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu: run the same jobs without a GPU (tests use it) (default: %(default)s)")
+    p.add_argument("--quick", action="store_true", help="LeNet on 500 images: a smoke run")
+    p.add_argument("--python", default="python3", help="the Python whose PyTorch to set up against")
+    p.add_argument("--no-setup", action="store_true", help="use .venv as it is")
+    p.add_argument("--skip", action="append", default=[], metavar="TEXT",
+                   help="leave out the jobs whose name contains TEXT (repeatable)")
+    p.add_argument("--out", default=None, help="also write the results here as JSON")
+    args = p.parse_args(argv)
+    if args.device == "cuda":
+        found = gpus()
+        if not found:
+            say("no NVIDIA GPU here (nvidia-smi lists none); run it on a GPU machine, or add --device cpu")
+            return 1
+        say(f"{len(found)} GPU(s): {found[0]}")
+    if not args.no_setup and setup(args.python) != 0:
+        say("set-up failed (its error is above)")
+        return 1
+    quick = args.quick or args.device == "cpu"
+    cfg = dict(device=args.device, arch="lenet" if quick else "resnet18", images=200 if quick else 20000,
+               batch=32 if quick else 128, epochs=1 if quick else 3, timeout=300 if quick else 400)
+    py = VENV_PY if os.path.exists(VENV_PY) else sys.executable
+    scratch = tempfile.mkdtemp(prefix="gpu-check-")
+    results, ok = [], True
+    try:
+        ckpts = {}
+        for n, (name, launcher, flags, extra) in enumerate(jobs(cfg)):
+            if any(text in name for text in args.skip):
+                continue
+            good, ckpts[name] = run_job(py, cfg, scratch, n, name, launcher, flags, extra, results)
+            ok &= good
+        hooks_run = ckpts.get("main_horovod.py np=1, gradient hooks on")
+        if hooks_run:
+            ok &= os.path.exists(os.path.join(hooks_run, "ckpt.pth")) and resume_job(py, cfg, scratch,
+                                                                                    hooks_run, results)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    device = "cpu"
+    if args.device == "cuda":
+        device = subprocess.run([py, "-c", "import torch; print(torch.cuda.get_device_name())"],
+                                capture_output=True, text=True).stdout.strip()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": device, "config": cfg, "jobs": results, "ok": bool(ok)}, f, indent=2)
+    say(f"{'all jobs passed' if ok else 'some jobs FAILED'} on {device}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

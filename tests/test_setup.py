@@ -1,0 +1,91 @@
+"""scripts/setup.sh against a PyTorch that is already installed (TORCH=system), in a fresh copy.
+
+GPU clusters and NGC images ship their own CUDA PyTorch. Here the project's own .venv plays
+that Python: a copy of the repository is set up with TORCH=system PYTHON=<.venv/bin/python>,
+offline (no index reachable, an empty wheel folder), and must import torch from outside its
+own .venv, install no second copy, get a working Horovod (from the wheel cache that `make
+setup` filled) and train at np=2. Also: make gpu-check without a GPU says so in one line.
+"""
+import os
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from helpers import PY, ROOT, env, read_metrics
+
+SITE = "lib/python{0}.{1}/site-packages".format(*sys.version_info[:2])
+
+
+@pytest.fixture(scope="module")
+def system_clone(tmp_path_factory):
+    clone = tmp_path_factory.mktemp("clone")
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split("\0")
+    for f in filter(None, files):
+        if os.path.isfile(os.path.join(ROOT, f)):
+            os.makedirs(os.path.dirname(os.path.join(clone, f)), exist_ok=True)
+            shutil.copy2(os.path.join(ROOT, f), os.path.join(clone, f))
+    wheels = tmp_path_factory.mktemp("wheels")  # empty: everything is there already
+    offline = {"TORCH": "system", "PYTHON": PY, "WHEELS": str(wheels),
+               "HOROVOD_SDIST": "/nonexistent/horovod.tar.gz",  # the cached wheel must serve
+               "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_NO_INPUT": "1"}
+    r = subprocess.run(["bash", "scripts/setup.sh"], cwd=clone, env=env(offline), capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    return clone, r
+
+
+def test_system_torch_is_used_not_copied(system_clone):
+    clone, r = system_clone
+    py = clone / ".venv" / "bin" / "python"
+    where = subprocess.run([py, "-c", "import torch, horovod; print(torch.__file__); print(horovod.__file__)"],
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert where[0].startswith(os.path.join(ROOT, ".venv")), where  # the other Python's torch
+    assert where[1].startswith(str(clone / ".venv")), where  # Horovod built for it, in this venv
+    assert not (clone / ".venv" / SITE / "torch").exists(), "a second copy of torch was installed"
+    assert "installing what" not in r.stdout, "nothing was missing, so nothing may be installed"
+    assert (clone / ".venv" / "torch-mode.txt").read_text().startswith("system ")
+
+
+def test_system_torch_venv_trains_at_np2(system_clone, data_dir):
+    clone, _ = system_clone
+    bin_ = clone / ".venv" / "bin"
+    args = ["--data-dir", data_dir, "--dataset", "synthetic", "--synthetic-size", "500", "--arch", "lenet",
+            "--epochs", "1", "--batch-size", "32", "--checkpoint-dir", clone / "ck"]
+    r = subprocess.run([bin_ / "horovodrun", "-np", "2", "--gloo", bin_ / "python", "main_horovod.py",
+                        *map(str, args)], cwd=clone, env=env({"PATH": f"{bin_}:{os.environ['PATH']}"}),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert read_metrics(clone / "ck")[0]["world_size"] == "2"
+
+
+def test_gpu_check_jobs_run_on_the_cpu(tmp_path):
+    # The GPU machine is lent rarely, so its job list runs here on the CPU (--compile has its
+    # own test): every line must report images/s, and --resume must continue the run.
+    out = tmp_path / "gpu-check.json"
+    r = subprocess.run([PY, "scripts/gpu_check.py", "--device", "cpu", "--no-setup", "--skip=--compile",
+                        "--out", str(out)], cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 9 and all(ln.startswith("gpu-check: ") for ln in lines), lines
+    assert sum("img/s" in ln for ln in lines) == 8 and "(epoch 2 of 2)" in lines[-2], lines
+    got = json.loads(out.read_text())
+    assert got["ok"] and got["device"] == "cpu" and all(j["ok"] for j in got["jobs"])
+
+
+def test_gpu_check_without_a_gpu_is_one_line_and_quick():
+    r = subprocess.run(["python3", "scripts/gpu_check.py"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60, env=env({"PATH": "/usr/bin:/bin"}))  # no nvidia-smi on this PATH
+    assert r.returncode == 1
+    lines = (r.stdout + r.stderr).strip().splitlines()
+    assert len(lines) == 1 and "no NVIDIA GPU" in lines[0], lines
+
+
+def test_bad_torch_mode_is_one_line():
+    r = subprocess.run(["bash", "scripts/setup.sh"], cwd=ROOT, env=env({"TORCH": "conda"}), capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode != 0 and r.stderr.strip() == \
+        "[setup] error: TORCH must be 'pinned' (the default) or 'system', not 'conda'"
