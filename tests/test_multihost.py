@@ -1,0 +1,276 @@
+"""Across hosts: the trainers on a real two-host cluster made by scripts/local_cluster.sh.
+
+The hosts are network namespaces on a bridge, each with its own hostname, link-local
+address and sshd, sharing this machine's filesystem as an NFS home would. The launchers
+run on host 1 and reach host 2 by ssh, as on real machines. One cluster serves the whole
+module; it is torn down at the end, also when a test or the set-up fails, and whatever
+a test left running on the hosts is ended after each test.
+
+Every rank runs one thread (OMP_NUM_THREADS=1), here and in the one-host reference: the
+hosts share this machine's cores, and a rank alone on its host would otherwise take all
+of them, which changes the floating-point sums, so no comparison would be bitwise.
+Without root (namespaces), the module is skipped.
+"""
+import os
+import shlex
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+
+from helpers import (BIN, PY, ROOT, assert_ok, common_args, env, is_gone, load_ckpt, load_ranks,
+                     metrics_rows, rank_pids, read_metrics, run, run_horovod, trainer_pids, wait_until,
+                     without_lr)
+
+SCRIPT = os.path.join(ROOT, "scripts", "local_cluster.sh")
+DISCOVER = os.path.join(ROOT, "scripts", "discover_hosts.sh")
+PROBE = os.path.join(ROOT, "tests", "rank_probe.py")
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+JOB_TIMEOUT = 150  # seconds for one launch, ssh included, on a busy machine
+EPOCHS = 3  # the schedule's length; the comparisons stop at epoch 2
+
+
+class Cluster:
+    """scripts/local_cluster.sh with its state in `folder`, under a name of its own, so
+    that it never meets a cluster a user (or another test run) has up."""
+
+    def __init__(self, folder):
+        self.env = {"CLUSTER_DIR": str(folder), "CLUSTER_NAME": f"t{os.getpid() % 100000}"}
+        self.vars = {}
+
+    def script(self, *args, timeout=300):
+        return subprocess.run(["bash", SCRIPT, *args], cwd=ROOT, env=env(self.env), capture_output=True,
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def up(self, n):
+        r = self.script("up", str(n))
+        if r.returncode == 77:
+            pytest.skip(f"no cluster of network namespaces here: {r.stderr.strip()}")
+        assert r.returncode == 0, r.stderr[-3000:]
+        for line in r.stdout.splitlines():  # NAME=value, or NAME=(bash array)
+            name, _, value = line.partition("=")
+            words = shlex.split(value.strip("()"))
+            self.vars[name] = words if value.startswith("(") else words[0]
+        self.addresses = [h.split(":")[0] for h in self.vars["CLUSTER_HOSTS"].split(",")]
+
+    def on(self, host, cmd):
+        """cmd run on host `host`, as a command line; launch it with env_extra=self.env."""
+        return ["bash", SCRIPT, "on", str(host), *map(str, cmd)]
+
+    def launch(self, launcher, np_, args, probe=None, hosts=None, script="main_horovod.py"):
+        """A launcher on host 1 that starts np_ ranks over the cluster's hosts."""
+        entry = [PROBE, probe] if probe else [os.path.join(ROOT, script)]
+        cmd = [PY, *entry, *args]
+        if launcher == "mpirun":
+            cmd = ["mpirun", "-np", np_, "--hostfile", self.vars["CLUSTER_HOSTFILE"],
+                   *self.vars["CLUSTER_MPIRUN_ARGS"], *cmd]
+        else:
+            cmd = [os.path.join(BIN, "horovodrun"), "-np", np_, "-H", hosts or self.vars["CLUSTER_HOSTS"],
+                   *self.vars["CLUSTER_HOROVODRUN_ARGS"], f"--{launcher}", *cmd]
+        return self.on(1, cmd)
+
+    def run(self, *launch_args, **kw):
+        return run(self.launch(*launch_args, **kw), timeout=JOB_TIMEOUT,
+                   env_extra=dict(self.env, **ONE_THREAD))
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory, request):
+    c = Cluster(tmp_path_factory.mktemp("cluster"))
+    request.addfinalizer(lambda: _down(c))  # first: a failed `up` is torn down too
+    c.up(2)
+    return c
+
+
+def _down(c):
+    r = c.script("down", timeout=120)
+    assert r.returncode == 0, r.stderr
+    leftovers = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert c.env["CLUSTER_NAME"] + "-" not in leftovers, leftovers
+
+
+@pytest.fixture(autouse=True)
+def reaped(cluster):
+    """After each test, nothing it started is left running on the hosts (a remote rank
+    is not in its launcher's process group)."""
+    yield
+    cluster.script("reap", timeout=60)
+
+
+@pytest.fixture(scope="module")
+def reference(data_dir, tmp_path_factory):
+    """The one-host np=2 run that the cluster's runs must equal, bit for bit."""
+    probe = tmp_path_factory.mktemp("ref-probe")
+    args = common_args(data_dir, probe / "ck", "--stop-at", 2, epochs=EPOCHS)
+    assert_ok(run_horovod(2, args, "gloo", probe=probe, env_extra=ONE_THREAD, timeout=JOB_TIMEOUT))
+    return load_ranks(probe, 2)[0]["model"]
+
+
+def assert_same_model(got, want):
+    assert got.keys() == want.keys()
+    for k in want:
+        assert torch.equal(got[k], want[k]), f"{k} differs from the one-host run"
+
+
+def assert_two_hosts(ranks, cluster, local_size=1):
+    """Each rank ran on the host the launcher put it on, and Horovod saw the cluster."""
+    names = [f"{cluster.env['CLUSTER_NAME']}-h{1 + r * 2 // len(ranks)}" for r in range(len(ranks))]
+    assert [r["host"] for r in ranks] == names
+    assert [(r["size"], r["cross_size"], r["local_size"]) for r in ranks] == \
+        [(len(ranks), 2, local_size)] * len(ranks)
+
+
+# ---------------------------------------------------------------------------
+# Training across hosts equals training on one
+
+def test_mpirun_hostfile_trains_across_hosts_bitwise(cluster, reference, tmp_path):
+    # A fresh --data-dir: each host's local rank 0 prepares it, both at once, in one folder.
+    args = common_args(tmp_path / "data", tmp_path / "ck", "--stop-at", 2, epochs=EPOCHS)
+    assert_ok(cluster.run("mpirun", 2, args, probe=tmp_path))
+    ranks = load_ranks(tmp_path, 2)
+    assert_two_hosts(ranks, cluster)
+    assert_same_model(ranks[1]["model"], reference)
+    assert_same_model(load_ckpt(tmp_path / "ck" / "ckpt.pth")["model"], reference)
+
+
+def test_horovodrun_gloo_trains_and_resumes_across_hosts_bitwise(cluster, reference, data_dir, tmp_path):
+    ck = tmp_path / "ck"
+    first = assert_ok(cluster.run("gloo", 2, common_args(data_dir, ck, "--stop-at", 1, epochs=EPOCHS)))
+    assert load_ckpt(ck / "ckpt.pth")["epoch"] == 1
+    args = without_lr(common_args(data_dir, ck, "--resume", "--stop-at", 2, epochs=EPOCHS))
+    second = assert_ok(cluster.run("gloo", 2, args, probe=tmp_path))
+    ranks = load_ranks(tmp_path, 2)
+    assert_two_hosts(ranks, cluster)
+    assert_same_model(ranks[1]["model"], reference)
+    # The resume says what it continues, from rank 0 alone.
+    said = [ln for ln in second.stdout.splitlines() if "resuming" in ln]
+    assert len(said) == 1 and said[0].startswith("[0]<stdout>:resuming ") and "after epoch 1" in said[0] \
+        and "the saved cosine" in said[0], second.stdout[-3000:]
+    # Rank 0 alone wrote: one set of files, and each launch's TensorBoard file names host 1.
+    assert [int(r["epoch"]) for r in read_metrics(ck)] == [1, 2]
+    assert sorted(os.listdir(ck)) == ["best.pth", "ckpt.pth", "curves.png", "metrics.csv", "tb"]
+    events = os.listdir(ck / "tb")
+    assert len(events) == 2 and all(f".{cluster.env['CLUSTER_NAME']}-h1." in f for f in events), events
+    for out in (first.stdout, second.stdout):
+        epoch_lines = [ln for ln in out.splitlines() if "]<stdout>:epoch " in ln]
+        assert epoch_lines and all(ln.startswith("[0]") for ln in epoch_lines), out[-2000:]
+
+
+def test_horovodrun_mpi_four_ranks_on_two_slots_per_host(cluster, data_dir, tmp_path):
+    hosts = ",".join(f"{a}:2" for a in cluster.addresses)
+    assert_ok(cluster.run("mpi", 4, common_args(data_dir, tmp_path / "ck", epochs=1), probe=tmp_path,
+                          hosts=hosts))
+    ranks = load_ranks(tmp_path, 4)
+    assert_two_hosts(ranks, cluster, local_size=2)
+    for other in ranks[1:]:
+        assert_same_model(other["model"], ranks[0]["model"])
+
+
+# ---------------------------------------------------------------------------
+# Failures across hosts
+
+def test_kill_9_on_the_second_host_ends_the_job_and_resume_loses_nothing(cluster, data_dir, tmp_path, jobs):
+    ck = tmp_path / "ck"
+    job = jobs(cluster.launch("gloo", 2, common_args(data_dir, ck, "--warmup-epochs", 0, epochs=40)),
+               env_extra=dict(cluster.env, **ONE_THREAD))
+    wait_until(lambda: len(metrics_rows(ck)) >= 2, 120, "2 finished epochs", job)
+    pids = rank_pids("main_horovod.py", str(ck))
+    remote = trainer_pids("main_horovod.py", str(ck), HOROVOD_HOSTNAME=cluster.addresses[1])
+    assert set(pids) == {0, 1} and set(remote) == {pids[1]}, (pids, remote)
+    os.kill(pids[1], signal.SIGKILL)
+    t_kill = time.monotonic()
+    rc = job.wait(timeout=30)  # fails the test if the job is still running
+    assert time.monotonic() - t_kill < 30 and rc != 0
+    assert all(is_gone(pid) for pid in pids.values()), "a rank is still running"
+    done = load_ckpt(ck / "ckpt.pth")["epoch"]
+    assert done >= 2
+    # (Resuming across hosts is shown above; one process is enough to show nothing was lost.)
+    resume = common_args(data_dir, ck, "--resume", "--warmup-epochs", 0, "--stop-at", done + 1, epochs=40)
+    assert_ok(run_horovod(1, resume, "python", timeout=JOB_TIMEOUT))
+    epochs = [int(x["epoch"]) for x in read_metrics(ck)]
+    assert epochs == list(range(1, done + 2)), "no finished epoch lost, none repeated"
+
+
+# ---------------------------------------------------------------------------
+# Elastic training across hosts
+
+def test_elastic_removing_a_host_continues_training(cluster, data_dir, tmp_path, jobs):
+    epochs, (host1, host2) = 6, cluster.addresses
+    slots, ck = tmp_path / "slots", tmp_path / "ck"
+    slots.write_text(f"{host1}:1\n{host2}:1\n")
+    cmd = [os.path.join(BIN, "horovodrun"), "-np", 2, "--min-np", 1, "--max-np", 2,
+           "--host-discovery-script", f"{DISCOVER} {slots}", *cluster.vars["CLUSTER_HOROVODRUN_ARGS"],
+           PY, os.path.join(ROOT, "main_elastic.py"),
+           *common_args(data_dir, ck, epochs=epochs, batch=8, lr=0.01)]
+    job = jobs(cluster.on(1, cmd), env_extra=dict(cluster.env, **ONE_THREAD))
+    wait_until(lambda: metrics_rows(ck), 90, "epoch 1 in metrics.csv", job)
+    # As in test_main_elastic.py's e1: hold the other rank until rank 0 has heard of the
+    # change, so that the run cannot end before the change reaches it.
+    others = [pid for rank, pid in rank_pids("main_elastic.py", str(ck)).items() if rank != 0]
+    assert len(others) == 1, job.output()[-3000:]
+    os.kill(others[0], signal.SIGSTOP)
+    try:
+        slots.write_text(f"{host1}:1\n")  # host 2 leaves
+        wait_until(lambda: "elastic: hosts removed" in job.output(), 30, "the removal heard by rank 0", job)
+    finally:
+        if not is_gone(others[0]):
+            os.kill(others[0], signal.SIGCONT)
+    rc = job.wait(JOB_TIMEOUT)
+    out = job.output()
+    assert rc == 0, out[-4000:]
+    rows = read_metrics(ck)
+    assert [int(r["epoch"]) for r in rows] == list(range(1, epochs + 1)), out[-3000:]
+    sizes = [int(r["world_size"]) for r in rows]
+    assert sizes[0] == 2 and sizes[-1] == 1 and sizes == sorted(sizes, reverse=True), sizes
+    assert "world size 2 -> 1" in out
+    assert load_ckpt(ck / "ckpt.pth")["epoch"] == epochs
+
+
+# ---------------------------------------------------------------------------
+# The cluster script cleans up after itself
+
+def test_down_removes_everything_also_after_a_failed_up(tmp_path):
+    c = Cluster(tmp_path / "state")
+    name = c.env["CLUSTER_NAME"] = f"u{os.getpid() % 100000}"
+    subprocess.run(["ip", "netns", "add", f"{name}-h2"], check=True)  # in host 2's way: up fails there
+    try:
+        r = c.script("up", "2")
+        assert r.returncode not in (0, 77) and "up failed; removing what it made" in r.stderr, r.stderr
+        assert not c.vars
+        for _ in range(2):  # down again finds nothing left, and says so
+            assert c.script("down").returncode == 0
+        namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+        links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+        assert f"{name}-" not in namespaces and f"{name}-" not in links
+        assert not trainer_pids(str(tmp_path / "state")), "host 1's sshd is still running"
+        assert not (tmp_path / "state").exists()
+    finally:
+        c.script("down")
+        subprocess.run(["ip", "netns", "del", f"{name}-h2"], capture_output=True)
+
+
+# ---------------------------------------------------------------------------
+# Interface selection
+
+def test_gloo_uses_the_named_interface_when_host_names_resolve_to_loopback(cluster, data_dir, tmp_path):
+    # Debian names the machine on a "127.0.1.1 hostname" line. Horovod 0.28.1's gloo binds
+    # its training connections to what the host name resolves to, not to --network-interface,
+    # and hvd.init() then fails with "connect [127.0.1.1]: Connection refused"; setup.sh
+    # patches the build (its "Fix 9"). The hosts' resolver file is changed in place for this
+    # run, as every host reads the same one.
+    hosts = os.path.join(cluster.env["CLUSTER_DIR"], "hosts")
+    with open(hosts) as f:
+        before = f.read()
+    names = [f"{cluster.env['CLUSTER_NAME']}-h{i}" for i in (1, 2)]
+    try:
+        with open(hosts, "w") as f:  # the same file (inode), so the hosts see the change
+            f.write("".join(ln + "\n" for ln in before.splitlines() if not ln.endswith(tuple(names))))
+            f.write(f"127.0.1.1 {' '.join(names)}\n")
+        r = cluster.run("gloo", 2, common_args(data_dir, tmp_path / "ck", epochs=1), probe=tmp_path)
+    finally:
+        with open(hosts, "w") as f:
+            f.write(before)
+    assert_ok(r)
+    assert_two_hosts(load_ranks(tmp_path, 2), cluster)
