@@ -9,14 +9,18 @@ layout: `data_batch_1..5`, `test_batch` and `batches.meta`, each a pickled dict
 whose `data` is uint8 N x 3072 (the R, G and B planes of a 32x32 image) and
 whose `labels` is a list of ints.
 """
+import functools
 import math
 import os
 import pickle
+import shutil
+import tempfile
 
 import numpy as np
 import torch
 
 from errors import TrainerError
+from safeio import atomic_write, once
 
 FOLDER = "cifar-10-batches-py"
 TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
@@ -115,10 +119,8 @@ def _render(rng, labels):
 
 
 def _write_pickle(path, obj):
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        pickle.dump(obj, f, protocol=2)
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: pickle.dump(obj, f, protocol=2),
+                 hint="free space or fix permissions in --data-dir, then run again")
 
 
 def generate_synthetic(folder, train_size, test_size, seed):
@@ -151,24 +153,44 @@ def dataset_folder(args):
 
 
 def prepare(args):
-    """Make the data exist on disk: download real CIFAR-10 or generate synthetic data.
+    """Make the data exist on disk: generate synthetic data, or download real CIFAR-10.
+    Returns whether this process did it.
 
-    In a multi-process run, call this on one process per host and let the
-    others wait, so no two processes write the same files.
+    Any number of processes, on one host or on several sharing --data-dir, may call this
+    at once: the work runs once, under a lock file beside the data, while the others
+    wait and then find it done (safeio.once), and every file is renamed into place whole.
     """
     folder = dataset_folder(args)
     if args.dataset == "synthetic":
-        if not os.path.isfile(os.path.join(folder, META_FILE)):
-            generate_synthetic(folder, args.synthetic_size, args.synthetic_size // 5, args.seed)
-        return
-    if not args.download:
+        work = functools.partial(generate_synthetic, folder, args.synthetic_size,
+                                 args.synthetic_size // 5, args.seed)
+        done = functools.partial(os.path.isfile, os.path.join(folder, META_FILE))  # written last
+    elif args.download:
+        work, done = functools.partial(download_cifar10, args.data_dir), lambda: not _missing(folder)
+    else:
         load_check(folder)
-        return
-    import torchvision  # only needed to fetch; its CIFAR10 checks the archive's MD5
+        return False
+    lock = os.path.join(os.path.dirname(folder), f".{FOLDER}.lock")
+    return once(lock, done, work, hint="fix the permissions of --data-dir or choose another")
+
+
+def download_cifar10(data_dir):
+    """Fetch CIFAR-10 through torchvision, which checks the archive's MD5. The archive stays
+    in data_dir for later calls; it is extracted beside, then each file renamed into place."""
+    import torchvision  # only needed to fetch
+    from torchvision.datasets.utils import download_and_extract_archive
+    cifar = torchvision.datasets.CIFAR10
     try:
-        torchvision.datasets.CIFAR10(root=args.data_dir, train=True, download=True)
+        os.makedirs(os.path.join(data_dir, FOLDER), exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".extract-", dir=data_dir)
+        try:
+            download_and_extract_archive(cifar.url, data_dir, tmp, cifar.filename, cifar.tgz_md5)
+            for name in os.listdir(os.path.join(tmp, cifar.base_folder)):
+                os.replace(os.path.join(tmp, cifar.base_folder, name), os.path.join(data_dir, FOLDER, name))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     except Exception as e:
-        raise TrainerError(f"could not download CIFAR-10 into {args.data_dir} ({e}); "
+        raise TrainerError(f"could not download CIFAR-10 into {data_dir} ({e}); "
                            f"put the extracted {FOLDER} there by hand, or use --dataset synthetic") from e
 
 
@@ -246,10 +268,9 @@ class DeviceLoader:
     batch is gathered with contiguous row copies (6x faster on a CPU thread).
     """
 
-    PAD = 4
-
     def __init__(self, images, labels, batch_size, *, train, rank=0, size=1, seed=0,
-                 device="cpu", dtype=torch.float32, channels_last=False):
+                 device="cpu", dtype=torch.float32, channels_last=False, pad=4):
+        self.pad = pad  # the trainers pass cli.RECIPE["crop_padding"]
         self.labels = labels.to(device)
         self.batch_size, self.train = batch_size, train
         self.rank, self.size, self.seed = rank, size, seed
@@ -261,7 +282,7 @@ class DeviceLoader:
         self.shape = tuple(images.shape[1:])
         if train:
             self.images = None
-            self.windows = crop_windows(images, self.PAD)
+            self.windows = crop_windows(images, self.pad)
         else:
             self.images = images
 
@@ -282,17 +303,17 @@ class DeviceLoader:
         g = torch.Generator()
         g.manual_seed(hash_seed(self.seed, self.epoch, 0xA06))
         n = len(self.labels)
-        offsets = torch.randint(0, 2 * self.PAD + 1, (n, 2), generator=g)
+        offsets = torch.randint(0, 2 * self.pad + 1, (n, 2), generator=g)
         flips = torch.rand(n, generator=g) < 0.5
         return offsets.to(self.device), flips.to(self.device)
 
     def window_starts(self, offsets, flips):
         """Row of self.windows holding each sample's crop: crop_flip(image, offset, flip)
-        is the mirrored copy's window at x offset 2*PAD - ox."""
+        is the mirrored copy's window at x offset 2*pad - ox."""
         n = len(self.labels)
         c, h, w = self.shape
-        hp, wp = h + 2 * self.PAD, w + 2 * self.PAD
-        ox = torch.where(flips, 2 * self.PAD - offsets[:, 1], offsets[:, 1])
+        hp, wp = h + 2 * self.pad, w + 2 * self.pad
+        ox = torch.where(flips, 2 * self.pad - offsets[:, 1], offsets[:, 1])
         image = torch.arange(n, device=self.device) + flips.long() * n
         return image * (c * hp * wp) + offsets[:, 0] * wp + ox
 
@@ -381,10 +402,10 @@ class _StridedSampler(torch.utils.data.Sampler):
         return len(self.idx)
 
 
-def torchvision_loader(images, labels, batch_size, *, train, rank=0, size=1, seed=0, workers=2):
+def torchvision_loader(images, labels, batch_size, *, train, rank=0, size=1, seed=0, workers=2, pad=4):
     """kuangliu's PIL pipeline with a DistributedSampler (call set_epoch on .sampler)."""
     import torchvision.transforms as T
-    ops = [T.RandomCrop(32, padding=4), T.RandomHorizontalFlip()] if train else []
+    ops = [T.RandomCrop(32, padding=pad), T.RandomHorizontalFlip()] if train else []
     transform = T.Compose(ops + [T.ToTensor(), T.Normalize(MEAN, STD)])
     ds = _PILDataset(images, labels, transform)
     if train:

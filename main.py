@@ -11,20 +11,23 @@ main_horovod.py on many processes with Horovod. `diff main.py main_horovod.py` s
 import sys
 import time
 
+import checkpoints
+import cli
 import data
+import devices
+import runlog
 import utils
 
 
 def main(argv=None):
-    parser = utils.build_parser(__doc__)
-    args = utils.parse_args(parser, argv)
+    args = cli.parse_args(cli.build_parser(__doc__), argv)
     rank, size = 0, 1
-    device = utils.pick_device()
+    device = devices.pick_device()
     allreduce = utils.local_sum
     verbose = rank == 0
-    progress = utils.Progress(verbose)
+    progress = runlog.Progress(verbose)
 
-    utils.preflight(args, verbose)
+    checkpoints.preflight(args, verbose)
     data.prepare(args)
     train_set, test_set = data.load(args)
     train_loader, test_loader = utils.make_loaders(args, train_set, test_set, device, rank, size)
@@ -32,32 +35,34 @@ def main(argv=None):
     model = utils.build_model(args, device)
     lr_scale = 1
     optimizer = utils.make_optimizer(model)
-    start = utils.restore(args, model, optimizer)
+    start = checkpoints.restore(args, model, optimizer)
     scaler = utils.make_scaler(args, device, start["scaler"])
-    schedule = utils.LRSchedule(**start["schedule"], epochs=args.epochs, scale=lr_scale)
-    train_model = utils.compile_model(args, model)
+    schedule = utils.LRSchedule(**start["schedule"], epochs=args.epochs, scale=lr_scale,
+                                warmup_epochs=0)
+    train_model = utils.training_model(args, model, optimizer)
 
     if args.evaluate:
         test = utils.evaluate(train_model, test_loader, args, progress, allreduce)
-        progress.write(utils.evaluation_line(test))
+        progress.write(runlog.evaluation_line(test))
         return model, test
 
-    log = utils.RunLog(args, verbose, size, start["history"], purge_step=start["epoch"] + 1)
+    log = runlog.RunLog(args, verbose, size, start["history"], purge_step=start["epoch"] + 1)
     best_acc = start["best_acc"]
-    for epoch in range(start["epoch"], utils.last_epoch(args)):
+    for epoch in range(start["epoch"], cli.last_epoch(args)):
         train_loader.set_epoch(epoch)
         utils.seed_epoch(args.seed, epoch, rank)
         t0 = time.perf_counter()
-        train = utils.train_epoch(train_model, train_loader, optimizer, scaler, schedule, epoch, args,
-                                  progress, allreduce, profile_epoch=start["epoch"])
+        train = utils.train_epoch(train_model, train_loader, optimizer, scaler, schedule, epoch,
+                                  args, progress, allreduce, profile_epoch=start["epoch"])
         seconds = time.perf_counter() - t0
         test = utils.evaluate(train_model, test_loader, args, progress, allreduce)
         is_best, best_acc = test["acc"] > best_acc, max(best_acc, test["acc"])
-        state = utils.checkpoint_state(args, model, optimizer, scaler, schedule, epoch + 1, best_acc, size)
+        state = checkpoints.checkpoint_state(args, model, optimizer, scaler, schedule, epoch + 1,
+                                             best_acc, size)
         log.epoch_end(epoch, train, test, seconds, state, is_best)
     log.close()
     return model, log.history
 
 
 if __name__ == "__main__":
-    sys.exit(utils.run_cli(main))
+    sys.exit(cli.run_cli(main))

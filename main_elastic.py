@@ -16,36 +16,61 @@ Flags, checkpoints and metrics.csv are main_horovod.py's. Whoever is rank 0 of t
 current world writes them, so --checkpoint-dir must be a folder every worker sees.
 """
 import contextlib
-import fcntl
 import functools
-import os
 import sys
 import time
 
-import horovod.torch as hvd
-
+import checkpoints
+import cli
 import data
+import devices
+import horovod.torch as hvd
+import layout
+import runlog
 import utils
 from errors import TrainerError, UsageError
 
 
-def prepare_data(args):
-    """data.prepare() under a file lock: workers start and restart at any time, so a
-    barrier (a collective op) is not allowed here; the lock keeps writers apart."""
-    os.makedirs(args.data_dir, exist_ok=True)
-    with open(os.path.join(args.data_dir, ".prepare.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        data.prepare(args)
-
-
 class ElasticState(hvd.elastic.TorchState):
-    """TorchState that says when the driver reports a change of hosts. Only the
-    current rank 0 hears from the driver; the change takes effect at the next commit."""
+    """TorchState that broadcasts a channels_last model as contiguous tensors, and says
+    when the driver reports a change of hosts. Only the current rank 0 hears from the
+    driver; the change takes effect at the next commit."""
+
+    def sync(self):
+        with layout.contiguous(self.model, self.optimizer):  # Horovod's broadcasts need it
+            super().sync()
 
     def on_hosts_updated(self, timestamp, update_res):
         super().on_hosts_updated(timestamp, update_res)
         what = {1: "removed", 2: "added"}.get(int(update_res), "changed")
         print(f"elastic: hosts {what}; the world is resized at the end of this epoch", flush=True)
+
+
+class World:
+    """What depends on this process's rank and the world's size: made at the start and
+    again after every reset (the reset callback runs before the state sync, so it uses
+    no synced value)."""
+
+    def __init__(self, args, train_set, test_set, device):
+        self.args, self.sets, self.device = args, (train_set, test_set), device
+        self.loaders = None
+        self.log = None  # the RunLog of the current world
+        self.size = None  # the size of the last world that trained
+        self.profile_epoch = None  # the first epoch this process trains, profiled once
+
+    def reset(self):
+        if self.device.type == "cpu":
+            devices.pick_device(hvd.local_rank(), hvd.local_size())  # share the cores anew
+        self.loaders = None  # free the old loaders' copies before building the new ones
+        self.loaders = utils.make_loaders(self.args, *self.sets, self.device,
+                                          hvd.rank(), hvd.size())
+        self.close_log()  # rank 0 may be another process now
+
+    def close_log(self):
+        if self.log is not None and self.log.writer is not None:
+            with contextlib.suppress(Exception):
+                self.log.writer.close()
+        self.log = None
 
 
 def lr_scale(args):
@@ -55,18 +80,19 @@ def lr_scale(args):
 
 
 def main(argv=None):
-    parser = utils.add_horovod_args(utils.build_parser(__doc__))
-    args = utils.parse_args(parser, argv)
+    args = cli.parse_args(cli.add_horovod_args(cli.build_parser(__doc__)), argv)
     if args.evaluate:
         raise UsageError("main_elastic.py only trains; evaluate with main.py --evaluate")
     if args.use_adasum:
         raise UsageError("--use-adasum needs Horovod's MPI controller, and elastic runs use gloo; "
                          "use main_horovod.py for Adasum")
     hvd.init()
-    device = utils.pick_device(hvd.local_rank(), hvd.local_size())
+    device = devices.pick_device(hvd.local_rank(), hvd.local_size())
     allreduce = functools.partial(hvd.allreduce, op=hvd.Sum)  # metric sums, once per interval
 
-    prepare_data(args)
+    # Workers start and restart at any time, so no barrier (a collective) here: every
+    # worker calls prepare, whose lock lets one do the work while the others wait.
+    data.prepare(args)
     train_set, test_set = data.load(args)
 
     model = utils.build_model(args, device)
@@ -75,7 +101,8 @@ def main(argv=None):
     optimizer = utils.make_optimizer(model)
     optimizer = hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(),
-        compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none,
+        compression=layout.GradLayout(  # channels_last gradients go as contiguous views
+            hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none),
         backward_passes_per_step=args.batches_per_allreduce, op=hvd.Average)
 
     # No collective op may run before the elastic function: a worker that joins later
@@ -87,35 +114,24 @@ def main(argv=None):
     start, error = None, None
     if hvd.rank() == 0:
         try:
-            utils.preflight(args, True)
-            start = utils.restore(args, model, optimizer)
+            checkpoints.preflight(args, True)
+            start = checkpoints.restore(args, model, optimizer)
         except TrainerError as e:
             error = e
-    start = start or utils.fresh_start(args)
+    start = start or checkpoints.fresh_start(args)
     scaler = utils.make_scaler(args, device, start["scaler"])
+    schedule = utils.LRSchedule(**start["schedule"], epochs=args.epochs,
+                                warmup_epochs=args.warmup_epochs)
     state = ElasticState(
         model=model, optimizer=optimizer,
-        epoch=start["epoch"],  # the next epoch; with the seed it fixes the data order and augmentation
-        best_acc=start["best_acc"], history=start["history"], schedule=start["schedule"],
+        epoch=start["epoch"],  # the next epoch; with the seed, it fixes data order and augmentation
+        best_acc=start["best_acc"], history=start["history"], schedule=schedule.state_dict(),
         scaler=scaler.state_dict(), optimizer_state=start["optimizer_state"], error=error)
 
-    # What depends on rank and size, made at the start and again after every reset.
-    # The reset callback runs before the state sync, so it uses no synced value.
-    schedule = utils.LRSchedule(**start["schedule"], epochs=args.epochs, warmup_epochs=args.warmup_epochs)
-    world = {"log": None, "size": None}
-
-    def on_reset():
-        if device.type == "cpu":
-            utils.pick_device(hvd.local_rank(), hvd.local_size())  # share the cores anew
-        world["loaders"] = None  # free the old loaders' copies before building the new ones
-        world["loaders"] = utils.make_loaders(args, train_set, test_set, device, hvd.rank(), hvd.size())
-        schedule.scale = lr_scale(args)  # linear scaling by the new world size
-        if world["log"] is not None and world["log"].writer is not None:
-            world["log"].writer.close()  # rank 0 may be another process now
-
-    on_reset()
-    state.register_reset_callbacks([on_reset])
-    train_model = utils.compile_model(args, model)
+    world = World(args, train_set, test_set, device)
+    world.reset()
+    state.register_reset_callbacks([world.reset])
+    train_model = utils.training_model(args, model, optimizer)
 
     @hvd.elastic.run
     def run_epochs(state):
@@ -123,7 +139,8 @@ def main(argv=None):
         if state.error is not None:
             if hvd.rank() == 0 or isinstance(state.error, UsageError):
                 raise state.error  # a usage error is printed by rank 0 alone
-            raise TrainerError("stopping because rank 0 could not start the run (its error is above)")
+            raise TrainerError("stopping because rank 0 could not start the run "
+                               "(its error is above)")
         if not state.optimizer_state:
             # The sync of a fresh optimizer takes a step of zero gradients to create its
             # state, which leaves weight decay in SGD's momentum; main_horovod.py has none.
@@ -131,25 +148,29 @@ def main(argv=None):
         if scaler.is_enabled() and state.scaler:
             scaler.load_state_dict(state.scaler)
         rank, size = hvd.rank(), hvd.size()
-        schedule.base_lr, schedule.start_epoch = state.schedule["base_lr"], state.schedule["start_epoch"]
-        profile_epoch = world.setdefault("profile_epoch", state.epoch)  # the first epoch of this run
-        if rank == 0 and world["size"] not in (None, size):
-            print(f"elastic: world size {world['size']} -> {size}; continuing at epoch {state.epoch + 1}",
-                  flush=True)
-        world["size"] = size
-        train_loader, test_loader = world["loaders"]
-        progress = utils.Progress(rank == 0)
-        world["log"] = log = utils.RunLog(args, rank == 0, size, state.history, purge_step=state.epoch + 1)
-        for epoch in range(state.epoch, utils.last_epoch(args)):
+        schedule.load_state_dict(state.schedule)
+        schedule.scale = lr_scale(args)  # linear scaling by this world's size
+        if world.profile_epoch is None:
+            world.profile_epoch = state.epoch
+        if rank == 0 and world.size not in (None, size):
+            print(f"elastic: world size {world.size} -> {size}; "
+                  f"continuing at epoch {state.epoch + 1}", flush=True)
+        world.size = size
+        train_loader, test_loader = world.loaders
+        progress = runlog.Progress(rank == 0)
+        log = runlog.RunLog(args, rank == 0, size, state.history, purge_step=state.epoch + 1)
+        world.log = log
+        for epoch in range(state.epoch, cli.last_epoch(args)):
             train_loader.set_epoch(epoch)
             utils.seed_epoch(args.seed, epoch, rank)
             t0 = time.perf_counter()
-            train = utils.train_epoch(train_model, train_loader, optimizer, scaler, schedule, epoch, args,
-                                      progress, allreduce, profile_epoch=profile_epoch)
+            train = utils.train_epoch(train_model, train_loader, optimizer, scaler, schedule, epoch,
+                                      args, progress, allreduce, profile_epoch=world.profile_epoch)
             seconds = time.perf_counter() - t0
             test = utils.evaluate(train_model, test_loader, args, progress, allreduce)
             is_best, best_acc = test["acc"] > state.best_acc, max(state.best_acc, test["acc"])
-            ckpt = utils.checkpoint_state(args, model, optimizer, scaler, schedule, epoch + 1, best_acc, size)
+            ckpt = checkpoints.checkpoint_state(args, model, optimizer, scaler, schedule, epoch + 1,
+                                                best_acc, size)
             log.epoch_end(epoch, train, test, seconds, ckpt, is_best)  # rank 0 writes
             # New objects, not in-place changes: commit() keeps references.
             state.epoch, state.best_acc, state.history = epoch + 1, best_acc, list(log.history)
@@ -158,17 +179,14 @@ def main(argv=None):
             # the epoch is kept, and the run goes on from the next one in the new world.
             state.commit()
         log.close()
-        world["log"] = None
+        world.log = None
         return log.history
 
     try:
         return model, run_epochs(state)
     finally:
-        log = world.get("log")
-        if log is not None and log.writer is not None:
-            with contextlib.suppress(Exception):
-                log.writer.close()
+        world.close_log()
 
 
 if __name__ == "__main__":
-    sys.exit(utils.run_cli(main))
+    sys.exit(cli.run_cli(main))

@@ -3,10 +3,11 @@
     horovodrun -np 2 python tests/rank_probe.py OUT_DIR [main_horovod.py flags]
 
 Each rank writes OUT_DIR/rank<r>.pt with its model state and metric history,
-so tests can compare ranks with each other, which the trainer (rank 0 saves)
-cannot show.
+and where it ran (its host's name, Horovod's sizes), so tests can compare ranks
+with each other, which the trainer (rank 0 saves) cannot show.
 """
 import os
+import socket
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -19,5 +20,6 @@ import main_horovod  # noqa: E402
 if __name__ == "__main__":
     out, argv = sys.argv[1], sys.argv[2:]
     model, result = main_horovod.main(argv)
-    torch.save({"model": model.state_dict(), "result": result, "size": hvd.size()},
-               os.path.join(out, f"rank{hvd.rank()}.pt"))
+    torch.save({"model": model.state_dict(), "result": result, "size": hvd.size(),
+                "local_size": hvd.local_size(), "cross_size": hvd.cross_size(),
+                "host": socket.gethostname()}, os.path.join(out, f"rank{hvd.rank()}.pt"))

@@ -1,4 +1,5 @@
-"""data.py: the CIFAR reader, the synthetic generator, sharding and the loaders."""
+"""data.py: the CIFAR reader, the synthetic generator, preparing under concurrency, sharding and the
+loaders."""
 import os
 import pickle
 
@@ -195,3 +196,87 @@ def test_normalisation_uses_cifar_mean_and_std():
     x, _ = next(iter(data.DeviceLoader(images, torch.zeros(4, dtype=torch.long), 4, train=False)))
     want = (128 / 255 - torch.tensor(data.MEAN)) / torch.tensor(data.STD)
     assert torch.allclose(x[0, :, 0, 0], want, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------
+# Preparing one folder from many processes at once
+
+# A preparer: imports first, waits for the start file, then prepares synthetic data and
+# downloads CIFAR-10 (torchvision's real download code, pointed at a local server).
+PREPARER = """
+import argparse, json, os, sys, time
+sys.path.insert(0, os.getcwd())
+import torchvision
+import data
+url, md5, data_dir, go = sys.argv[1:]
+torchvision.datasets.CIFAR10.url, torchvision.datasets.CIFAR10.tgz_md5 = url, md5
+print("ready", flush=True)
+while not os.path.exists(go):
+    time.sleep(0.01)
+made = [data.prepare(argparse.Namespace(dataset=kind, data_dir=data_dir, synthetic_size=1000, seed=0,
+                                        download=True)) for kind in ("synthetic", "cifar10")]
+print(json.dumps(made))
+"""
+
+
+@pytest.fixture
+def cifar_server(tmp_path, synth):
+    """An HTTP server on localhost serving a CIFAR-10 archive (of synthetic batches); it
+    counts the archive's downloads."""
+    import hashlib
+    import http.server
+    import tarfile
+    import threading
+    archive = tmp_path / "served" / "cifar-10-python.tar.gz"
+    archive.parent.mkdir()
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(synth, arcname=data.FOLDER)
+    gets = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, directory=str(archive.parent), **kw)
+
+        def do_GET(self):
+            gets.append(self.path)
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.handle_error = lambda *args: None  # the redirect probe hangs up early
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/{archive.name}", \
+        hashlib.md5(archive.read_bytes()).hexdigest(), gets
+    server.shutdown()
+
+
+def test_concurrent_preparers_of_a_fresh_folder_all_succeed_once(tmp_path, synth, cifar_server):
+    import json
+    import subprocess
+    from helpers import PY, ROOT, env
+    url, md5, gets = cifar_server
+    fresh, go = tmp_path / "fresh", tmp_path / "go"
+    procs = [subprocess.Popen([PY, "-c", PREPARER, url, md5, str(fresh), str(go)], cwd=ROOT, env=env(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    assert [p.stdout.readline() for p in procs] == ["ready\n"] * 3  # all imported, all waiting
+    go.touch()  # and off they go, at once
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+    made = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    assert sorted(m[0] for m in made) == [False, False, True], "synthetic data generated once"
+    assert sorted(m[1] for m in made) == [False, False, True], "CIFAR-10 downloaded and extracted once"
+    # One download's requests: torchvision first probes the URL for a redirect, then fetches it.
+    assert 1 <= len(gets) <= 2, gets
+    # Whole files: the synthetic set equals one made alone, the download equals what was served.
+    alone = tmp_path / "alone"
+    data.generate_synthetic(str(alone), 1000, 200, seed=0)
+    ours = data.read_cifar10(data.synthetic_folder(str(fresh), 1000, 0))
+    for got, want in zip(ours, data.read_cifar10(str(alone))):
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    for name in os.listdir(synth):
+        assert open(fresh / data.FOLDER / name, "rb").read() == open(os.path.join(synth, name), "rb").read()
+    leftovers = [os.path.join(d, f) for d, dirs, files in os.walk(fresh) for f in dirs + files
+                 if f.endswith(".tmp") or f.startswith(".extract-")]
+    assert not leftovers

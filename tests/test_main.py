@@ -3,10 +3,10 @@ import os
 
 import pytest
 
-from conftest import (assert_one_line_error, common_args, last_line, load_ckpt, parse_eval,
+from helpers import (assert_one_line_error, common_args, last_line, load_ckpt, parse_eval,
                       read_metrics, run_main)
 
-CKPT_KEYS = {"model", "optimizer", "scheduler", "epoch", "best_acc", "arch", "args"}
+CKPT_KEYS = {"model", "optimizer", "schedule", "epoch", "best_acc", "arch", "args"}
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def test_checkpoint_holds_the_whole_state(trained):
     assert CKPT_KEYS <= set(state)
     assert state["epoch"] == 2 and state["arch"] == "lenet"
     assert state["optimizer"]["state"], "momentum buffers must be saved"
-    assert state["scheduler"] == {"base_lr": 0.05, "start_epoch": 0}
+    assert state["schedule"] == {"base_lr": 0.05, "start_epoch": 0}
     assert not any(k.startswith(("module.", "_orig_mod.")) for k in state["model"])
     assert 0 < state["best_acc"] <= 1
     assert state["best_acc"] == pytest.approx(max(float(r["test_acc"]) for r in read_metrics(ckpt)))
@@ -62,7 +62,7 @@ def test_resume_continues_at_saved_epoch_with_new_lr(data_dir, tmp_path):
     assert float(rows[3]["lr"]) == pytest.approx(0.005)  # ... and anneals over the 2 epochs left
     assert "epoch 1/4" not in r.stdout and "epoch 3/4" in r.stdout
     state = load_ckpt(tmp_path / "ckpt.pth")
-    assert state["epoch"] == 4 and state["scheduler"] == {"base_lr": 0.01, "start_epoch": 2}
+    assert state["epoch"] == 4 and state["schedule"] == {"base_lr": 0.01, "start_epoch": 2}
 
 
 def test_evaluate_prints_machine_readable_line(trained):

@@ -9,8 +9,9 @@ import time
 import pytest
 import torch
 
-from conftest import (PY, ROOT, assert_one_line_error, common_args, last_line, load_ckpt, parse_eval,
-                      read_metrics, run_horovod, run_main, _env)
+from helpers import (PY, ROOT, assert_one_line_error, common_args, env, horovod_cmd, is_gone, last_line,
+                     load_ckpt, metrics_rows, parse_eval, rank_pids, read_metrics, run_horovod, run_main,
+                     wait_until, without_lr)
 
 
 @pytest.fixture(scope="module")
@@ -162,12 +163,12 @@ def test_error_on_one_rank_ends_all_ranks(run2, data_dir, tmp_path):
 def test_killed_writer_leaves_the_previous_checkpoint(run2, tmp_path):
     ck = fresh_copy(run2, tmp_path / "ck")
     before = (ck / "ckpt.pth").read_bytes()
-    code = ("import os, signal, utils\n"
+    code = ("import os, signal, safeio\n"
             "def write(f):\n"
             "    f.write(b'half a checkpoint' * 1000); f.flush()\n"
             "    os.kill(os.getpid(), signal.SIGKILL)\n"
-            f"utils.atomic_write({str(ck / 'ckpt.pth')!r}, write)\n")
-    r = subprocess.run([PY, "-c", code], cwd=ROOT, env=_env())
+            f"safeio.atomic_write({str(ck / 'ckpt.pth')!r}, write)\n")
+    r = subprocess.run([PY, "-c", code], cwd=ROOT, env=env())
     assert r.returncode == -signal.SIGKILL
     assert (ck / "ckpt.pth").read_bytes() == before
     assert load_ckpt(ck / "ckpt.pth")["epoch"] == 2
@@ -242,63 +243,62 @@ def test_stopped_and_resumed_equals_uninterrupted(data_dir, tmp_path, np_):
 # ---------------------------------------------------------------------------
 # 3. A worker killed under horovodrun
 
-def _rank_pids(parent_cmd_marker):
-    pids = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-        except OSError:
-            continue
-        if any(parent_cmd_marker.encode() in c for c in cmd) and b"main_horovod.py" in b" ".join(cmd):
-            for e in env:
-                if e.startswith(b"HOROVOD_RANK="):
-                    pids[int(e.split(b"=")[1])] = int(pid)
-    return pids
-
-
-def test_kill_9_of_one_worker_ends_the_job_and_resume_loses_nothing(data_dir, tmp_path):
+def test_kill_9_of_one_worker_ends_the_job_and_resume_loses_nothing(data_dir, tmp_path, jobs):
     ck = tmp_path / "ck-killed"
-    args = common_args(data_dir, ck, "--warmup-epochs", 0, epochs=40)
-    cmd = [os.path.join(os.path.dirname(PY), "horovodrun"), "-np", "2", "--gloo", PY, "main_horovod.py",
-           *map(str, args)]
-    job = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                           stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # wait for 2 finished epochs
-            if (ck / "metrics.csv").exists() and len(read_metrics(ck)) >= 2:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("the job never finished 2 epochs")
-        pids = _rank_pids(str(ck))
-        assert set(pids) == {0, 1}, pids
-        os.kill(pids[1], signal.SIGKILL)
-        t_kill = time.monotonic()
-        try:
-            job.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pytest.fail("the job did not end within 30 s of kill -9")
-        assert time.monotonic() - t_kill < 30
-        assert job.returncode != 0
-        for pid in pids.values():
-            assert not os.path.exists(f"/proc/{pid}") or _is_zombie(pid), "a rank is still running"
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
+    job = jobs(horovod_cmd(2, common_args(data_dir, ck, "--warmup-epochs", 0, epochs=40)))
+    wait_until(lambda: len(metrics_rows(ck)) >= 2, 120, "2 finished epochs", job)
+    pids = rank_pids("main_horovod.py", str(ck))
+    assert set(pids) == {0, 1}, pids
+    os.kill(pids[1], signal.SIGKILL)
+    t_kill = time.monotonic()
+    rc = job.wait(timeout=30)  # fails the test if the job is still running
+    assert time.monotonic() - t_kill < 30
+    assert rc != 0
+    assert all(is_gone(pid) for pid in pids.values()), "a rank is still running"
     done = load_ckpt(ck / "ckpt.pth")["epoch"]
     assert done >= 2
-    r = run_horovod(2, common_args(data_dir, ck, "--resume", "--warmup-epochs", 0, "--stop-at", done + 1, epochs=40))
+    r = run_horovod(2, common_args(data_dir, ck, "--resume", "--warmup-epochs", 0, "--stop-at", done + 1,
+                                   epochs=40))
     assert r.returncode == 0, r.stderr[-2000:]
     epochs = [int(x["epoch"]) for x in read_metrics(ck)]
     assert epochs == list(range(1, done + 2)), "no finished epoch lost, none duplicated"
 
 
-def _is_zombie(pid):
-    try:
-        return open(f"/proc/{pid}/stat").read().split(")")[1].split()[0] == "Z"
-    except OSError:
-        return True
+# ---------------------------------------------------------------------------
+# SIGTERM, as Slurm and Kubernetes end jobs: to the launcher, or to one rank
+
+@pytest.mark.parametrize("launcher,target", [("gloo", "launcher"), ("mpirun", "rank 1")])
+def test_sigterm_ends_every_rank_with_one_line_and_resume_works(data_dir, tmp_path, jobs, launcher, target):
+    ck = tmp_path / "ck"
+    job = jobs(horovod_cmd(2, common_args(data_dir, ck, "--warmup-epochs", 0, epochs=40), launcher))
+    wait_until(lambda: len(metrics_rows(ck)) >= 2, 120, "2 finished epochs", job)
+    pids = rank_pids("main_horovod.py", str(ck))
+    assert set(pids) == {0, 1}, pids
+    if target == "launcher":
+        job.signal(signal.SIGTERM)  # horovodrun passes it to every rank
+    else:
+        os.kill(pids[1], signal.SIGTERM)  # mpirun then ends the other rank
+    t_term = time.monotonic()
+    rc = job.wait(timeout=30)  # fails the test if the job is still running
+    assert time.monotonic() - t_term < 30 and rc != 0
+    assert all(is_gone(pid) for pid in pids.values()), "a rank is still running"
+    out = job.output()
+    # One line from each rank: interrupted, or (a rank whose peer went first) stopping.
+    said = {r: [ln for ln in out.splitlines() if f"main_horovod.py: interrupted (rank {r})" in ln
+                or f"main_horovod.py: error (rank {r})" in ln] for r in (0, 1)}
+    assert all(len(lines) == 1 for lines in said.values()), out[-3000:]
+    sigterm = "by SIGTERM; the last finished epoch is in the checkpoint"
+    assert all(ln.endswith((sigterm, "stopping because another rank failed or exited (its error is above)"))
+               for lines in said.values() for ln in lines), said
+    assert said[1][0].endswith(sigterm) or (target == "launcher" and said[0][0].endswith(sigterm)), said
+    # No rank printed a traceback (horovodrun prints its own, with no rank prefix; mpirun none).
+    assert "]<stderr>:Traceback" not in out and (launcher != "mpirun" or "Traceback" not in out), out[-3000:]
+    # The checkpoint is whole and holds the last finished epoch; the resume goes on from it.
+    done = load_ckpt(ck / "ckpt.pth")["epoch"]
+    assert done >= 2 and len(read_metrics(ck)) == done
+    assert not [f for f in os.listdir(ck) if f.endswith(".tmp")]
+    r = run_horovod(1, without_lr(common_args(data_dir, ck, "--resume", "--warmup-epochs", 0, "--stop-at",
+                                              done + 1, epochs=40)), "python")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"after epoch {done}" in r.stdout
+    assert [int(x["epoch"]) for x in read_metrics(ck)] == list(range(1, done + 2))

@@ -14,13 +14,12 @@ machine. Rank 0 waits for them in an allreduce meanwhile, far below gloo's timeo
 import contextlib
 import os
 import signal
-import subprocess
-import time
 
 import pytest
 import torch
 
-from conftest import BIN, PY, ROOT, _env, common_args, load_ckpt, read_metrics, run_horovod
+from helpers import (BIN, PY, ROOT, common_args, load_ckpt, metrics_rows, read_metrics, run_horovod,
+                     trainer_pids, wait_until, without_lr)
 
 DISCOVER = os.path.join(ROOT, "scripts", "discover_hosts.sh")
 EPOCHS = 6
@@ -39,95 +38,20 @@ def elastic_cmd(slots_file, np_, min_np, max_np, args, gloo_timeout=None):
     return cmd + [PY, "main_elastic.py", *map(str, args)]
 
 
-class Job:
-    """A horovodrun job in its own process group, its output in a file."""
-
-    def __init__(self, cmd, log_path):
-        self.log_path = log_path
-        self.log = open(log_path, "w")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=self.log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-
-    def output(self):
-        if not self.log.closed:
-            self.log.flush()
-        with open(self.log_path) as f:
-            return f.read()
-
-    def wait(self, timeout):
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            pytest.fail(f"elastic job still running after {timeout}s:\n{self.output()[-4000:]}")
-        finally:
-            self.log.close()
-
-    def kill(self):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # the group this job started, and only it
-            self.proc.wait()
-
-
-@pytest.fixture
-def job_factory(tmp_path):
-    jobs = []
-
-    def start(cmd):
-        job = Job(cmd, tmp_path / f"job{len(jobs)}.log")
-        jobs.append(job)
-        return job
-
-    yield start
-    for job in jobs:  # a failed test leaves no workers behind
-        job.kill()
-
-
 def wait_for_epochs(job, ckpt_dir, n, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if job.proc.poll() is not None:
-            pytest.fail(f"job ended (status {job.proc.returncode}) before epoch {n}:\n{job.output()[-4000:]}")
-        try:
-            rows = read_metrics(ckpt_dir)
-        except (FileNotFoundError, OSError):
-            rows = []
-        if len(rows) >= n:
-            return rows
-        time.sleep(0.1)
-    job.kill()
-    pytest.fail(f"no epoch {n} in metrics.csv after {timeout}s:\n{job.output()[-4000:]}")
+    return wait_until(lambda: len(metrics_rows(ckpt_dir)) >= n and metrics_rows(ckpt_dir), timeout,
+                      f"epoch {n} in metrics.csv", job)
 
 
 def wait_for_output(job, text, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if text in job.output():
-            return
-        if job.proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    pytest.fail(f"no {text!r} from the job within {timeout}s:\n{job.output()[-4000:]}")
+    wait_until(lambda: text in job.output(), timeout, f"{text!r} from the job", job)
 
 
 def worker_pids(hostname, ranks=None):
     """main_elastic.py workers that the driver started for `hostname` (and with one of
     `ranks` as their first rank), found by their environment."""
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"main_elastic.py" not in f.read():
-                    continue
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-        if env.get(b"HOROVOD_HOSTNAME") != hostname.encode():
-            continue
-        if ranks is None or int(env.get(b"HOROVOD_RANK", b"-1")) in ranks:
-            pids.append(int(pid))
-    return pids
+    found = trainer_pids("main_elastic.py", HOROVOD_HOSTNAME=hostname)
+    return [pid for pid, e in found.items() if ranks is None or int(e.get("HOROVOD_RANK", -1)) in ranks]
 
 
 def assert_shrank_without_gaps(ckpt_dir, output):
@@ -145,10 +69,10 @@ def assert_shrank_without_gaps(ckpt_dir, output):
     return rows
 
 
-def test_e1_slot_removal_continues_at_np2(data_dir, tmp_path, job_factory):
+def test_e1_slot_removal_continues_at_np2(data_dir, tmp_path, jobs):
     slots, ck = tmp_path / "slots", tmp_path / "ck"
     slots.write_text("3\n")
-    job = job_factory(elastic_cmd(slots, 3, 2, 3, common_args(data_dir, ck, **TRAIN)))
+    job = jobs(elastic_cmd(slots, 3, 2, 3, common_args(data_dir, ck, **TRAIN)))
     wait_for_epochs(job, ck, 1)
     others = worker_pids("localhost", ranks=(1, 2))
     assert len(others) == 2, (others, job.output()[-3000:])
@@ -172,14 +96,14 @@ def test_e1_slot_removal_continues_at_np2(data_dir, tmp_path, job_factory):
     assert "has been removed from elastic job" in out  # the worker whose slot went away
 
 
-def test_e2_killed_worker_rolls_back_to_last_epoch(data_dir, tmp_path, job_factory):
+def test_e2_killed_worker_rolls_back_to_last_epoch(data_dir, tmp_path, jobs):
     # One machine under two names: the driver blacklists a failed worker's whole host,
     # so the worker to kill gets a host of its own (127.0.0.1), and localhost goes on.
     slots, ck = tmp_path / "slots", tmp_path / "ck"
     slots.write_text("localhost:2\n127.0.0.1:1\n")
     # Some survivors see the dead peer only as a gloo timeout: 30 s by default, shorter
     # here, but not so short that a slow worker on a busy machine looks dead.
-    job = job_factory(elastic_cmd(slots, 3, 2, 3, common_args(data_dir, ck, **TRAIN), gloo_timeout=15))
+    job = jobs(elastic_cmd(slots, 3, 2, 3, common_args(data_dir, ck, **TRAIN), gloo_timeout=15))
     wait_for_epochs(job, ck, 1)
     victims = worker_pids("127.0.0.1")
     assert len(victims) == 1, (victims, job.output()[-3000:])
@@ -190,12 +114,7 @@ def test_e2_killed_worker_rolls_back_to_last_epoch(data_dir, tmp_path, job_facto
     assert_shrank_without_gaps(ck, out)
 
 
-def without_lr(args):
-    i = args.index("--lr")
-    return args[:i] + args[i + 2:]
-
-
-def test_e3_fixed_world_matches_main_horovod(data_dir, tmp_path, job_factory):
+def test_e3_fixed_world_matches_main_horovod(data_dir, tmp_path, jobs):
     # With nobody leaving, the elastic trainer is main_horovod.py, bit for bit, across a
     # resume too: epoch 1, stop, then --resume (without --lr: the saved schedule goes on)
     # for epoch 2 equals main_horovod.py's 2 epochs in one go.
@@ -203,7 +122,7 @@ def test_e3_fixed_world_matches_main_horovod(data_dir, tmp_path, job_factory):
     slots.write_text("2\n")
     for extra in (["--stop-at", 1], ["--resume"]):
         args = common_args(data_dir, el, *extra)
-        job = job_factory(elastic_cmd(slots, 2, 2, 2, without_lr(args) if "--resume" in extra else args))
+        job = jobs(elastic_cmd(slots, 2, 2, 2, without_lr(args) if "--resume" in extra else args))
         rc = job.wait(JOB_TIMEOUT)
         assert rc == 0, job.output()[-4000:]
     r = run_horovod(2, common_args(data_dir, tmp_path / "hv"), timeout=JOB_TIMEOUT)
@@ -215,19 +134,19 @@ def test_e3_fixed_world_matches_main_horovod(data_dir, tmp_path, job_factory):
     assert mine["optimizer"]["state"].keys() == ref["optimizer"]["state"].keys()
     for i, s in ref["optimizer"]["state"].items():  # the fresh optimizer's sync left no trace
         assert torch.equal(mine["optimizer"]["state"][i]["momentum_buffer"], s["momentum_buffer"])
-    assert mine["scheduler"] == ref["scheduler"]
+    assert mine["schedule"] == ref["schedule"]
     rows = read_metrics(el)
     assert [(r["epoch"], r["world_size"]) for r in rows] == [("1", "2"), ("2", "2")]
     assert [r["lr"] for r in rows] == [r["lr"] for r in read_metrics(tmp_path / "hv")]
 
 
-def test_e4_preflight_error_stops_every_worker(data_dir, tmp_path, job_factory):
+def test_e4_preflight_error_stops_every_worker(data_dir, tmp_path, jobs):
     # Rank 0 alone checks; its error reaches the others through the first state sync.
     slots, ck = tmp_path / "slots", tmp_path / "ck"
     slots.write_text("2\n")
     ck.mkdir()
     (ck / "ckpt.pth").write_bytes(b"not a checkpoint")
-    job = job_factory(elastic_cmd(slots, 2, 2, 2, common_args(data_dir, ck)))
+    job = jobs(elastic_cmd(slots, 2, 2, 2, common_args(data_dir, ck)))
     rc = job.wait(JOB_TIMEOUT)
     out = job.output()
     assert rc != 0

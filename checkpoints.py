@@ -1,0 +1,183 @@
+"""Checkpoints: what a run saves, how it is written and read, and where a run starts.
+
+A checkpoint is one dict holding everything needed to continue: the unwrapped
+model, the optimizer, the LR schedule's state, the GradScaler, the next epoch,
+the best accuracy and the metric history. It is written atomically
+(safeio.atomic_write) and read with `torch.load(weights_only=True)`, which runs
+no pickled code. pytorch-cifar's checkpoints are read too.
+
+Nothing here talks to other processes: the ports call `restore` on rank 0 and
+broadcast what it returns, and `restore` says in one line what a --resume continues.
+"""
+import os
+
+import torch
+
+import data
+from cli import RECIPE
+from errors import TrainerError, UsageError
+from layout import contiguous_state
+from safeio import atomic_write
+
+# 2: the LR schedule's state is saved under "schedule" (format 1 called it "scheduler").
+FORMAT = 2
+
+
+def checkpoint_path(args):
+    return args.checkpoint or os.path.join(args.checkpoint_dir, "ckpt.pth")
+
+
+def unwrap(model):
+    """The plain module under torch.compile, so saved keys have no `_orig_mod.`."""
+    return getattr(model, "_orig_mod", model)
+
+
+def checkpoint_state(args, model, optimizer, scaler, schedule, next_epoch, best_acc, world_size):
+    """Everything a resume needs; tensors contiguous, so it loads alike under either layout."""
+    return {"format": FORMAT, "model": contiguous_state(unwrap(model).state_dict()),
+            "optimizer": contiguous_state(optimizer.state_dict()),
+            "schedule": schedule.state_dict(), "scaler": scaler.state_dict(), "epoch": next_epoch,
+            "best_acc": best_acc, "arch": args.arch, "num_classes": len(data.CLASSES),
+            "world_size": world_size, "args": dict(vars(args))}
+
+
+def save_checkpoint(path, state):
+    atomic_write(path, lambda f: torch.save(state, f))
+
+
+def load_checkpoint(path):
+    """Load a checkpoint without running pickled code (weights_only=True)."""
+    if not os.path.isfile(path):
+        raise TrainerError(f"no checkpoint at {path}: train first, or point --checkpoint "
+                           "(or --checkpoint-dir) at one")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        msg = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
+        if "unsupported global" in str(e).lower():  # a callable or class, not plain data
+            raise TrainerError(f"refusing to load {path}: it contains pickled code or objects, "
+                               "not just tensors and plain values; re-save it as a plain state_dict") from e
+        raise TrainerError(f"checkpoint {path} is truncated or corrupt ({msg}); "
+                           "use best.pth or an older copy, or start fresh with --overwrite") from e
+
+
+def as_trainer_checkpoint(ckpt, path):
+    """Our format as is; pytorch-cifar's {'net', 'acc', 'epoch'} mapped onto it."""
+    if not isinstance(ckpt, dict):
+        raise TrainerError(f"{path} is not a checkpoint dict")
+    if "model" in ckpt and "epoch" in ckpt:
+        return ckpt
+    if "net" in ckpt:
+        # pytorch-cifar saves the epoch it just finished, as a 0-based index, and
+        # accuracy in percent; DataParallel adds a `module.` prefix to every key.
+        state = {k[len("module."):] if k.startswith("module.") else k: v for k, v in ckpt["net"].items()}
+        return {"model": state, "epoch": int(ckpt.get("epoch", -1)) + 1,
+                "best_acc": float(ckpt.get("acc", 0.0)) / 100, "imported": True}
+    raise TrainerError(f"{path} is neither this trainer's checkpoint nor pytorch-cifar's "
+                       "(no 'model' or 'net' key)")
+
+
+def load_model_state(model, state, path, arch_hint):
+    target = unwrap(model)
+    mine = target.state_dict()
+    missing = [k for k in mine if k not in state]
+    unexpected = [k for k in state if k not in mine]
+    if missing or unexpected:
+        raise TrainerError(f"checkpoint {path} does not fit --arch {arch_hint} ({len(missing)} missing and "
+                           f"{len(unexpected)} unexpected keys, e.g. {(missing + unexpected)[0]}); "
+                           "pass the --arch it was trained with")
+    for k, v in state.items():
+        if mine[k].shape != v.shape:
+            raise TrainerError(f"checkpoint {path} does not fit --arch {arch_hint}: {k} has shape "
+                               f"{tuple(v.shape)}, expected {tuple(mine[k].shape)} "
+                               f"(another class count or width?); pass the matching --arch")
+    target.load_state_dict(state)
+
+
+def fresh_start(args):
+    """Where a run without a checkpoint starts."""
+    return {"epoch": 0, "best_acc": 0.0, "schedule": {"base_lr": args.lr or RECIPE["lr"], "start_epoch": 0},
+            "history": [], "optimizer_state": False, "scaler": None}
+
+
+def restore(args, model, optimizer):
+    """Load the checkpoint into model and optimizer; return where to start.
+
+    A fresh run starts at epoch 0. `optimizer_state` says whether the optimizer
+    now holds state, which the Horovod port needs to know before broadcasting it.
+    """
+    if not (args.resume or args.evaluate):
+        return fresh_start(args)
+    path = checkpoint_path(args)
+    ckpt = as_trainer_checkpoint(load_checkpoint(path), path)
+    if ckpt.get("arch", args.arch) != args.arch:
+        raise TrainerError(f"checkpoint {path} is for --arch {ckpt['arch']}, not {args.arch}; "
+                           f"pass --arch {ckpt['arch']}")
+    load_model_state(model, ckpt["model"], path, args.arch)
+    schedule = ckpt.get("schedule") or ckpt.get("scheduler")  # format 1 said "scheduler"
+    start = {"epoch": ckpt["epoch"], "best_acc": ckpt.get("best_acc", 0.0),
+             "schedule": schedule or {"base_lr": args.lr or RECIPE["lr"], "start_epoch": 0},
+             "history": [r for r in ckpt.get("history", []) if r["epoch"] <= ckpt["epoch"]],
+             "optimizer_state": False, "scaler": ckpt.get("scaler")}
+    if args.evaluate:
+        return start  # the optimizer is not needed, so its state is neither loaded nor sent
+    if args.resume and ckpt["epoch"] >= args.epochs:
+        raise UsageError(f"checkpoint {path} has already finished {ckpt['epoch']} of --epochs {args.epochs}; "
+                         "pass a larger --epochs to train on")
+    if args.resume and args.stop_at is not None and args.stop_at <= ckpt["epoch"]:
+        raise UsageError(f"--stop-at {args.stop_at} is not after the checkpoint's epoch {ckpt['epoch']}, "
+                         "so nothing would be trained; pass a later --stop-at")
+    if ckpt.get("optimizer"):
+        # The checkpoint's hyperparameters and momentum, but this optimizer's implementation.
+        impl = [{k: g.get(k) for k in ("fused", "foreach")} for g in optimizer.param_groups]
+        optimizer.load_state_dict(ckpt["optimizer"])
+        for g, kept in zip(optimizer.param_groups, impl):
+            g.update(kept)
+        start["optimizer_state"] = True
+    if args.resume and args.lr is not None:
+        # --resume --lr X: a new cosine from X over the epochs that are left.
+        start["schedule"] = {"base_lr": args.lr, "start_epoch": ckpt["epoch"]}
+    if args.resume:  # the process that reads the checkpoint (rank 0) says what it resumed
+        print(resume_line(path, start, args, ckpt.get("imported", False)), flush=True)
+    return start
+
+
+def resume_line(path, start, args, imported=False):
+    """One line naming what --resume continues: the file, its epoch and best accuracy,
+    and whether the saved cosine goes on or --lr restarted it, over how many epochs."""
+    done, sched = start["epoch"], start["schedule"]
+    left = args.epochs - done
+    span = f"epoch {args.epochs}" if left == 1 else f"the {left} epochs {done + 1}-{args.epochs}"
+    if args.lr is not None:
+        lr = f"--lr {args.lr:g} restarts the cosine over {span}"
+    else:
+        lr = (f"the saved cosine (lr {sched['base_lr']:g} from epoch {sched['start_epoch']}) "
+              f"continues over {span}")
+    origin = " (pytorch-cifar's: no optimizer state)" if imported else ""
+    return f"resuming {path}{origin} after epoch {done}, best test acc {start['best_acc']:.4f}; {lr}"
+
+
+def preflight(args, writer):
+    """Fail before any work on what would fail later. Creates nothing.
+
+    Only the process that reads and writes checkpoints (rank 0) checks them: on
+    several hosts the others may not even see the folder.
+    """
+    if not writer:
+        return
+    if (args.resume or args.evaluate) and not os.path.isfile(checkpoint_path(args)):
+        raise TrainerError(f"no checkpoint at {checkpoint_path(args)}: train without --resume first, "
+                           "or point --checkpoint (or --checkpoint-dir) at one")
+    if args.evaluate:
+        return
+    d = os.path.abspath(args.checkpoint_dir)
+    parent = d
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+        raise TrainerError(f"cannot write to --checkpoint-dir {args.checkpoint_dir} ({parent} is not a "
+                           "writable folder); fix its permissions or choose another folder")
+    existing = os.path.join(d, "ckpt.pth")
+    if not args.resume and not args.overwrite and os.path.exists(existing):
+        raise UsageError(f"{existing} already exists; pass --resume to continue it, --overwrite to "
+                         "replace it, or another --checkpoint-dir")

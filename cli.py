@@ -1,0 +1,228 @@
+"""The command line: the training recipe, the flags and their checks, and errors as one line.
+
+Every trainer builds its parser here, so `--help` shows one set of flags and
+defaults. The recipe below is the one place a hyperparameter is written down;
+flags take their defaults from it and the engine (utils.py) reads the rest.
+
+Horovod appears here by name only: `add_horovod_args` adds the port's flags,
+`check_adasum` checks them against values the port passes in, and `run_cli`
+recognises the launchers' rank variables and Horovod's peer-failure exception
+by name. `run_cli` also turns Ctrl-C and SIGTERM into one line. Nothing here
+imports Horovod, and nothing here trains.
+"""
+import argparse
+import math
+import os
+import signal
+import sys
+
+import torch
+
+import models
+from errors import TrainerError, UsageError
+
+# pytorch-cifar's recipe (kuangliu), with the port's warm-up (Goyal et al. 2017).
+RECIPE = dict(
+    lr=0.1,               # base LR per process; SGD, cosine to 0 over `epochs`, stepped per epoch
+    momentum=0.9,
+    weight_decay=5e-4,
+    batch_size=128,       # images per step per process
+    epochs=200,
+    crop_padding=4,       # pixels of zero padding around the image before a random 32x32 crop
+    warmup_epochs=5,      # ports only: LR ramp from lr to lr * world size
+)
+
+COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+# Environment variables in which launchers give a process its rank before any init.
+LAUNCHER_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        # One line instead of argparse's usage dump; --help shows the usage.
+        raise UsageError(f"{message} (see --help)")
+
+
+def build_parser(doc):
+    p = _Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    a = p.add_argument
+    a("--arch", default="resnet18", help="model name from models.MODELS (default: %(default)s)")
+    a("--lr", type=float, default=None,
+      help=f"base learning rate per process (default: {RECIPE['lr']} on a fresh run; with --resume, "
+           "the checkpoint's schedule continues unless --lr is given, which restarts the "
+           "cosine from this value over the remaining epochs)")
+    a("--epochs", type=int, default=RECIPE["epochs"],
+      help="total epochs, including resumed ones (default: %(default)s)")
+    a("--stop-at", type=int, default=None, metavar="EPOCH",
+      help="end this run after epoch EPOCH while the schedule still spans --epochs, "
+           "e.g. to fit a job's time limit; continue later with --resume")
+    a("--batch-size", type=int, default=RECIPE["batch_size"],
+      help="images per step per process (default: %(default)s)")
+    a("--data-dir", default="./data", help="where cifar-10-batches-py lives (default: %(default)s)")
+    a("--dataset", choices=("cifar10", "synthetic"), default="cifar10",
+      help="real CIFAR-10, or generated CIFAR-format data (default: %(default)s)")
+    a("--synthetic-size", type=int, default=5000,
+      help="training images of --dataset synthetic; test gets a fifth (default: %(default)s)")
+    a("--download", action="store_true", help="download CIFAR-10 into --data-dir if missing")
+    a("--loader", choices=("device", "torchvision"), default="device",
+      help="device: dataset held on the training device, batched augmentation; "
+           "torchvision: PIL transforms in DataLoader workers (default: %(default)s)")
+    a("--workers", type=int, default=2,
+      help="DataLoader workers for --loader torchvision (default: %(default)s)")
+    a("--checkpoint-dir", default="./checkpoint",
+      help="where ckpt.pth, best.pth, metrics.csv, tb/ and curves.png go (default: %(default)s)")
+    a("--checkpoint", default=None,
+      help="file that --resume and --evaluate read (default: CHECKPOINT_DIR/ckpt.pth); "
+           "pytorch-cifar checkpoints are accepted too")
+    a("-r", "--resume", action="store_true", help="continue from the checkpoint")
+    a("--overwrite", action="store_true",
+      help="start fresh even though CHECKPOINT_DIR holds a checkpoint (replaced at the first save)")
+    a("--evaluate", action="store_true", help="evaluate the checkpoint on the test set and exit")
+    a("--seed", type=int, default=0,
+      help="seeds init, data order and augmentation (default: %(default)s)")
+    a("--amp", action="store_true", help="mixed precision autocast, with a GradScaler for float16 "
+                                        "(meant for CUDA; on CPU it runs, slowly)")
+    a("--amp-dtype", choices=("float16", "bfloat16"), default="float16",
+      help="autocast dtype for --amp (default: %(default)s)")
+    a("--channels-last", action=argparse.BooleanOptionalAction, default=None,
+      help="train in the channels_last (NHWC) memory format, which cuDNN runs fastest "
+           "(default: on with CUDA, off on the CPU)")
+    a("--compile", nargs="?", const="auto", default=None, choices=COMPILE_MODES, metavar="MODE",
+      help="torch.compile the model; MODE is torch.compile's: reduce-overhead (CUDA graphs, the "
+           "fastest for small steps; CUDA only), default, max-autotune, max-autotune-no-cudagraphs "
+           "(without MODE: reduce-overhead on CUDA, default on the CPU)")
+    a("--log-interval", type=int, default=50,
+      help="steps between progress-bar updates; each reduces metrics once (default: %(default)s)")
+    a("--profile-steps", type=int, default=0, metavar="N",
+      help="time forward, backward, allreduce wait and optimizer step over the first N steps "
+           "and print the medians from rank 0; adds device syncs, so off by default")
+    a("--debug", action="store_true", help="show full tracebacks on errors")
+    return p
+
+
+def add_horovod_args(p):
+    """The Horovod port's own flags (main_horovod.py, main_elastic.py)."""
+    g = p.add_argument_group("Horovod")
+    g.add_argument("--warmup-epochs", type=float, default=RECIPE["warmup_epochs"],
+                   help="ramp the LR per batch from --lr to the scaled LR over this many epochs "
+                        "(Goyal et al. 2017) (default: %(default)s)")
+    g.add_argument("--fp16-allreduce", action="store_true",
+                   help="compress gradients to float16 for the allreduce")
+    g.add_argument("--use-adasum", action="store_true",
+                   help="combine gradients with Adasum instead of averaging")
+    g.add_argument("--batches-per-allreduce", type=int, default=1,
+                   help="backward passes (of --batch-size each) per allreduce and step "
+                        "(default: %(default)s)")
+    g.add_argument("--sync-bn", action="store_true",
+                   help="BatchNorm statistics over all ranks (hvd.SyncBatchNorm)")
+    return p
+
+
+def parse_args(parser, argv=None):
+    """Parse and check the flags. The port's flags are checked only where the parser has them."""
+    args = parser.parse_args(argv)
+    port = vars(args)
+    positive = {"--epochs": args.epochs, "--batch-size": args.batch_size,
+                "--log-interval": args.log_interval, "--synthetic-size": args.synthetic_size,
+                "--batches-per-allreduce": port.get("batches_per_allreduce", 1)}
+    for flag, v in positive.items():
+        if v <= 0:
+            raise UsageError(f"{flag} must be positive (got {v})")
+    if args.stop_at is not None and not 0 < args.stop_at <= args.epochs:
+        raise UsageError(f"--stop-at must be between 1 and --epochs {args.epochs} (got {args.stop_at})")
+    if args.lr is not None and not (args.lr > 0 and math.isfinite(args.lr)):
+        raise UsageError(f"--lr must be a positive number (got {args.lr})")
+    if args.workers < 0 or args.profile_steps < 0 or port.get("warmup_epochs", 0) < 0:
+        raise UsageError("--workers, --profile-steps and --warmup-epochs must not be negative")
+    if args.synthetic_size % 5:
+        raise UsageError(f"--synthetic-size must be a multiple of 5 (got {args.synthetic_size}): "
+                         "it is split over 5 batch files")
+    if args.arch not in models.MODELS:
+        raise UsageError(f"unknown --arch {args.arch!r}; choose one of: {', '.join(sorted(models.MODELS))}")
+    if port.get("use_adasum") and args.amp and args.amp_dtype == "float16":
+        raise UsageError("--use-adasum cannot work with --amp's float16 GradScaler (Horovod's Adasum "
+                         "optimizer cannot be synchronized early); add --amp-dtype bfloat16 or drop one")
+    if port.get("sync_bn") and not torch.cuda.is_available():
+        raise UsageError("--sync-bn needs CUDA: hvd.SyncBatchNorm runs on GPUs only; drop it on CPU")
+    if args.compile in ("reduce-overhead", "max-autotune") and not torch.cuda.is_available():
+        raise UsageError(f"--compile {args.compile} captures CUDA graphs and needs CUDA; on the CPU "
+                         "use --compile (default mode) or --compile max-autotune-no-cudagraphs")
+    if args.resume and args.evaluate:
+        raise UsageError("--resume and --evaluate do not go together: --evaluate reads the checkpoint on its own")
+    if args.resume and args.overwrite:
+        raise UsageError("--resume and --overwrite do not go together: pick one")
+    return args
+
+
+def last_epoch(args):
+    """Where this run stops: --stop-at, else --epochs."""
+    return args.stop_at or args.epochs
+
+
+def check_adasum(args, size, mpi_enabled):
+    """Horovod's Adasum runs only on its MPI controller and at power-of-two sizes."""
+    if not getattr(args, "use_adasum", False):
+        return
+    if not mpi_enabled:
+        raise UsageError("--use-adasum needs Horovod's MPI controller: launch with horovodrun --mpi or mpirun")
+    if size & (size - 1):
+        raise UsageError(f"--use-adasum needs a power-of-two number of processes, not {size}")
+
+
+def launcher_rank():
+    """This process's rank as its launcher set it, known before any init (0 without one)."""
+    for var in LAUNCHER_RANK_VARS:
+        if var in os.environ:
+            return int(os.environ[var])
+    return 0
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as Ctrl-C raises KeyboardInterrupt: schedulers
+    send it on pre-emption and at time limits, launchers when they end a job. Not an
+    Exception, so no `except Exception` swallows it, and atomic writes on the way out
+    remove their temporaries."""
+
+
+def _raise_terminated(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise Terminated()
+
+
+def run_cli(main, argv=None):
+    """Run main(); turn a TrainerError, Ctrl-C or SIGTERM into one line on stderr and an exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    prog = os.path.basename(sys.argv[0] or "main.py")
+    launched = any(v in os.environ for v in LAUNCHER_RANK_VARS)
+    where = f" (rank {launcher_rank()})" if launched else ""
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        try:
+            main(argv)
+        finally:  # SIGTERM as it was, so that none interrupts the one-line exits below
+            signal.signal(signal.SIGTERM, previous)
+        return 0
+    except TrainerError as e:
+        if "--debug" in argv:
+            raise
+        # Every rank hits a usage error alike, so rank 0 alone says it. Other
+        # errors may be one rank's alone, so each says which rank it is.
+        if not isinstance(e, UsageError):
+            print(f"{prog}: error{where}: {e}", file=sys.stderr, flush=True)
+        elif launcher_rank() == 0:
+            print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+    except Exception as e:
+        # Horovod raises this on the surviving ranks when another rank failed or
+        # died; that rank has said why. Matched by name: Horovod is not imported here.
+        if type(e).__name__ != "HorovodInternalError" or "--debug" in argv:
+            raise
+        print(f"{prog}: error{where}: stopping because another rank failed or exited "
+              "(its error is above)", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (128 + 15, as the shell reports it)
+        how, code = (" by SIGTERM", 143) if isinstance(e, Terminated) else ("", 130)
+        print(f"{prog}: interrupted{where}{how}; the last finished epoch is in the checkpoint",
+              file=sys.stderr, flush=True)
+        return code

@@ -1,0 +1,179 @@
+"""What a run shows and leaves behind: progress, per-phase timings, epoch lines,
+metrics.csv, TensorBoard, curves.png, and the checkpoint saves at each epoch's end.
+
+Every writer here takes `enabled` (rank 0 is a value): the other ranks build
+the same objects and they do nothing. Nothing here talks to other processes:
+the numbers it shows were reduced before they arrive.
+"""
+import contextlib
+import csv
+import io
+import os
+import sys
+import time
+
+import torch
+
+from checkpoints import save_checkpoint
+from errors import TrainerError
+from safeio import atomic_write
+
+METRICS_COLUMNS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc",
+                   "epoch_time_s", "images_per_s", "world_size")
+
+
+class Progress:
+    """tqdm bars on rank 0 when stderr is a terminal. Without one (CI, pytest,
+    mpirun and horovodrun pipes) a redrawn bar would be a flood of carriage
+    returns, so each log interval prints one plain line instead."""
+
+    def __init__(self, enabled):
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+
+    def bar(self, total, desc):
+        from tqdm import tqdm
+        return tqdm(total=total, desc=desc, disable=not (self.enabled and self.tty), leave=False,
+                    dynamic_ncols=True, file=sys.stderr)
+
+    def interval(self, bar, desc, step, total, **values):
+        """Show metrics reduced at a log interval."""
+        text = {k: f"{v:.4g}" for k, v in values.items()}
+        if self.tty:
+            bar.set_postfix(text)
+        elif self.enabled:
+            print(f"{desc} [{step}/{total}] " + " ".join(f"{k} {v}" for k, v in text.items()), flush=True)
+
+    def write(self, line):
+        if self.enabled:
+            print(line, flush=True)
+
+
+class PhaseTimer:
+    """--profile-steps: wall time of each phase of the first `steps` steps.
+
+    Each phase is bracketed by device synchronisations, so the numbers are
+    real but the run is slower while it measures; it is off by default.
+    """
+    PHASES = ("forward", "backward", "allreduce-wait", "optimizer-step")
+
+    def __init__(self, steps, device=None):
+        self.steps, self.device = steps, device
+        self.times = {p: [] for p in self.PHASES}
+        self.active = False
+
+    def start_step(self, step):
+        self.active = step < self.steps
+        if self.active:
+            for v in self.times.values():
+                v.append(0.0)
+
+    @contextlib.contextmanager
+    def phase(self, name):
+        if not self.active:
+            yield
+            return
+        self._sync()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._sync()
+            self.times[name][-1] += time.perf_counter() - t0
+
+    def _sync(self):
+        if self.device is not None and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def summary(self):
+        def median(v):
+            return sorted(v)[len(v) // 2] if v else 0.0
+        parts = "  ".join(f"{p} {median(self.times[p]) * 1e3:.2f}" for p in self.PHASES)
+        return f"profile: median ms per step over {len(self.times['forward'])} steps: {parts}"
+
+
+class RunLog:
+    """Everything a run leaves behind. Only the process with enabled=True writes."""
+
+    def __init__(self, args, enabled, world_size, history, purge_step=None):
+        self.args, self.enabled, self.world_size = args, enabled, world_size
+        self.history = list(history)
+        self.dir = args.checkpoint_dir
+        self.writer = None
+        if enabled:
+            try:
+                os.makedirs(self.dir, exist_ok=True)
+            except OSError as e:
+                raise TrainerError(f"cannot create --checkpoint-dir {self.dir} ({e.strerror or e}); "
+                                   "choose another folder") from e
+            from torch.utils.tensorboard import SummaryWriter  # lazy: heavy import
+            self.writer = SummaryWriter(os.path.join(self.dir, "tb"), purge_step=purge_step)
+
+    def epoch_end(self, epoch, train, test, seconds, state, is_best):
+        row = {"epoch": epoch + 1, "lr": train["lr"], "train_loss": train["loss"], "train_acc": train["acc"],
+               "test_loss": test["loss"], "test_acc": test["acc"], "epoch_time_s": seconds,
+               "images_per_s": train["images"] / max(seconds, 1e-9), "world_size": self.world_size}
+        self.history.append(row)
+        if not self.enabled:
+            return
+        print(f"epoch {epoch + 1}/{self.args.epochs}  lr {row['lr']:.4g}  "
+              f"train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f}  "
+              f"test loss {row['test_loss']:.4f} acc {row['test_acc']:.4f}  "
+              f"{seconds:.1f}s {row['images_per_s']:.0f} img/s  world {self.world_size}", flush=True)
+        state = dict(state, history=self.history)
+        # The checkpoint first, then metrics.csv from the same history: a crash in
+        # between loses no row, and a resume rewrites the file from the checkpoint.
+        save_checkpoint(os.path.join(self.dir, "ckpt.pth"), state)
+        if is_best:
+            save_checkpoint(os.path.join(self.dir, "best.pth"), state)
+        self.write_csv()
+        for k in ("lr", "train_loss", "train_acc", "test_loss", "test_acc", "images_per_s"):
+            self.writer.add_scalar(k, row[k], epoch + 1)
+        self.writer.flush()
+
+    def write_csv(self):
+        def write(f):
+            text = io.StringIO()
+            w = csv.DictWriter(text, fieldnames=METRICS_COLUMNS, lineterminator="\n")
+            w.writeheader()
+            w.writerows({k: r[k] for k in METRICS_COLUMNS} for r in self.history)
+            f.write(text.getvalue().encode())
+        atomic_write(os.path.join(self.dir, "metrics.csv"), write)
+
+    def close(self):
+        if not self.enabled:
+            return
+        self.writer.close()
+        if self.history:
+            plot_curves(self.history, os.path.join(self.dir, "curves.png"))
+
+
+def plot_curves(history, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ep = [r["epoch"] for r in history]
+    fig, ax = plt.subplots(2, 2, figsize=(10, 7))
+    ax[0, 0].plot(ep, [r["train_loss"] for r in history], label="train")
+    ax[0, 0].plot(ep, [r["test_loss"] for r in history], label="test")
+    ax[0, 0].set_title("loss")
+    ax[0, 1].plot(ep, [r["train_acc"] for r in history], label="train")
+    ax[0, 1].plot(ep, [r["test_acc"] for r in history], label="test")
+    ax[0, 1].set_title("accuracy")
+    ax[1, 0].plot(ep, [r["lr"] for r in history])
+    ax[1, 0].set_title("learning rate")
+    ax[1, 1].plot(ep, [r["images_per_s"] for r in history])
+    ax[1, 1].set_title("training images/s")
+    for a in ax.flat:
+        a.set_xlabel("epoch")
+        a.grid(alpha=0.3)
+    ax[0, 0].legend()
+    ax[0, 1].legend()
+    fig.tight_layout()
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=80))
+    plt.close(fig)
+
+
+def evaluation_line(test):
+    """The last line of --evaluate, for scripts: accuracy as a fraction."""
+    return f"test_loss={test['loss']:.6f} test_acc={test['acc']:.6f} images={test['images']}"

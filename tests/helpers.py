@@ -1,0 +1,219 @@
+"""What the tests share: tiny synthetic runs of the real trainers, launchers, and the
+checks several test modules make. conftest.py holds only fixtures.
+
+Every trainer run is a real subprocess (python, horovodrun or mpirun), on the CPU,
+with LeNet on a few hundred synthetic images, so the suite stays fast on 2 cores.
+benchmarks/ imports `MPI_ENV` and `env` from here too.
+"""
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.dirname(sys.executable)
+PY = sys.executable
+SYNTH = 500  # training images; test gets 100
+# Open MPI refuses root without these; oversubscription lets 3 ranks share 2 cores.
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+
+
+def env(extra=None):
+    """The environment of a launched process: this venv first on PATH, unbuffered
+    output, Open MPI's root settings, then `extra`."""
+    e = dict(os.environ, PYTHONUNBUFFERED="1", PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
+    e.update(MPI_ENV)
+    e.update(extra or {})
+    return e
+
+
+def common_args(data_dir, ckpt_dir, *extra, epochs=2, batch=32, lr=0.05):
+    return ["--data-dir", str(data_dir), "--dataset", "synthetic", "--synthetic-size", str(SYNTH),
+            "--arch", "lenet", "--epochs", str(epochs), "--batch-size", str(batch),
+            "--lr", str(lr), "--checkpoint-dir", str(ckpt_dir), *map(str, extra)]
+
+
+def without_lr(args):
+    """The same flags without --lr, so that a resume continues the saved schedule."""
+    i = args.index("--lr")
+    return args[:i] + args[i + 2:]
+
+
+def run(cmd, timeout=300, env_extra=None, **kw):
+    return subprocess.run(cmd, cwd=ROOT, env=env(env_extra), capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL, **kw)
+
+
+def run_main(args, **kw):
+    return run([PY, "main.py", *map(str, args)], **kw)
+
+
+def horovod_cmd(np_, args, launcher="gloo", probe=None, script="main_horovod.py"):
+    """main_horovod.py under a real launcher: horovodrun --gloo/--mpi, mpirun, or plain python.
+
+    With probe=DIR, every rank also saves its final model and history to DIR/rank<r>.pt.
+    """
+    entry = ["tests/rank_probe.py", str(probe)] if probe else [script]
+    cmd = [PY, *entry, *map(str, args)]
+    if launcher == "python":
+        return cmd
+    if launcher == "mpirun":
+        return ["mpirun", "-np", str(np_), "--hostfile", os.path.join(ROOT, "hostfile"),
+                "--bind-to", "none", "-x", "PATH", "-x", "PYTHONUNBUFFERED", *cmd]
+    return [os.path.join(BIN, "horovodrun"), "-np", str(np_), f"--{launcher}", *cmd]
+
+
+def run_horovod(np_, args, launcher="gloo", probe=None, **kw):
+    return run(horovod_cmd(np_, args, launcher, probe), **kw)
+
+
+def assert_ok(r):
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    return r
+
+
+def load_ranks(probe, size):
+    return [torch.load(os.path.join(probe, f"rank{r}.pt"), map_location="cpu", weights_only=True)
+            for r in range(size)]
+
+
+def read_metrics(ckpt_dir):
+    with open(os.path.join(ckpt_dir, "metrics.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+def load_ckpt(path):
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def last_line(text):
+    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else ""
+
+
+def parse_eval(line):
+    fields = dict(kv.split("=") for kv in line.split())
+    return float(fields["test_loss"]), float(fields["test_acc"]), int(fields["images"])
+
+
+def assert_one_line_error(result, *needles, code=None):
+    """A clean failure: non-zero exit, no traceback, one error line naming the problem."""
+    assert result.returncode != 0, result.stdout
+    if code is not None:
+        assert result.returncode == code, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [ln for ln in result.stderr.splitlines() if "error" in ln.lower()]
+    assert errors, result.stderr
+    for needle in needles:
+        assert needle in errors[0], (needle, errors[0])
+
+
+# ---------------------------------------------------------------------------
+# Jobs in the background, and their processes
+
+class Job:
+    """A launched job in its own process group, its output in a file. The `jobs`
+    fixture kills every job a test started, also when the test fails."""
+
+    def __init__(self, cmd, log_path, env_extra=None):
+        self.cmd, self.log_path = cmd, log_path
+        self.log = open(log_path, "w")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env(env_extra), stdout=self.log,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+
+    def output(self):
+        if not self.log.closed:
+            self.log.flush()
+        with open(self.log_path) as f:
+            return f.read()
+
+    def wait(self, timeout):
+        """The exit status; a job still running after `timeout` seconds is killed and fails the test."""
+        import pytest
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            pytest.fail(f"job still running after {timeout}s: {self.cmd}\n{self.output()[-4000:]}")
+        finally:
+            self.log.close()
+
+    def signal(self, sig):
+        """Send `sig` to the launcher process alone."""
+        os.kill(self.proc.pid, sig)
+
+    def kill(self):
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the group this job started, and only it
+            self.proc.wait()
+
+
+def wait_until(check, timeout, what, job=None, interval=0.1):
+    """Poll check() until it returns something true; fail the test after `timeout` seconds,
+    or as soon as `job` has ended."""
+    import pytest
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        if job is not None and job.proc.poll() is not None:
+            got = check()
+            if got:
+                return got
+            pytest.fail(f"job ended (status {job.proc.returncode}) before {what}:\n{job.output()[-4000:]}")
+        time.sleep(interval)
+    if job is not None:
+        job.kill()
+    pytest.fail(f"no {what} after {timeout}s" + (f":\n{job.output()[-4000:]}" if job else ""))
+
+
+def metrics_rows(ckpt_dir):
+    """metrics.csv's rows, or [] while it does not exist yet."""
+    try:
+        return read_metrics(ckpt_dir)
+    except OSError:
+        return []
+
+
+def trainer_pids(script, marker=None, **env_match):
+    """{pid: environment} of running `script` processes whose command line holds `marker`
+    and whose environment has every NAME=value of env_match, found through /proc."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                penv = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if script.encode() not in cmd or (marker and marker.encode() not in cmd):
+            continue
+        penv = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in penv.items()}
+        if all(penv.get(k) == str(v) for k, v in env_match.items()):
+            found[int(pid)] = penv
+    return found
+
+
+def rank_pids(script, marker=None, **env_match):
+    """{rank: pid} of a job's trainer processes, by the rank their launcher gave them
+    (HOROVOD_RANK from horovodrun, OMPI_COMM_WORLD_RANK from mpirun)."""
+    ranks = {pid: e.get("HOROVOD_RANK", e.get("OMPI_COMM_WORLD_RANK"))
+             for pid, e in trainer_pids(script, marker, **env_match).items()}
+    return {int(rank): pid for pid, rank in ranks.items() if rank is not None}
+
+
+def is_gone(pid):
+    """The process has exited (a zombie waiting for its parent counts)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[1].split()[0] == "Z"
+    except OSError:
+        return True

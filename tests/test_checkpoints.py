@@ -1,0 +1,95 @@
+"""checkpoints.py in process: the pytorch-cifar mapping, what restore() loads, and its checks."""
+import pytest
+import torch
+
+import checkpoints
+import cli
+import utils
+from errors import TrainerError, UsageError
+
+
+def test_pytorch_cifar_checkpoint_mapping():
+    sd = {"module.conv1.weight": torch.zeros(1)}
+    ck = checkpoints.as_trainer_checkpoint({"net": sd, "acc": 93.5, "epoch": 199}, "x.pth")
+    assert ck["model"] == {"conv1.weight": sd["module.conv1.weight"]}
+    assert ck["epoch"] == 200 and ck["best_acc"] == pytest.approx(0.935)
+    with pytest.raises(TrainerError, match="neither"):
+        checkpoints.as_trainer_checkpoint({"weights": 1}, "x.pth")
+
+
+def _args(*argv):
+    return cli.parse_args(cli.build_parser(""), ["--arch", "lenet", *argv])
+
+
+@pytest.fixture
+def saved(tmp_path):
+    """A checkpoint after one step of LeNet, so the optimizer holds momentum buffers."""
+    args = _args("--checkpoint-dir", str(tmp_path), "--epochs", "4")
+    model = utils.build_model(args, torch.device("cpu"))
+    optimizer = utils.make_optimizer(model)
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    optimizer.step()
+    schedule = utils.LRSchedule(0.05, 0, 4)
+    scaler = utils.make_scaler(args, torch.device("cpu"))
+    state = checkpoints.checkpoint_state(args, model, optimizer, scaler, schedule, 2, 0.5, 1)
+    checkpoints.save_checkpoint(str(tmp_path / "ckpt.pth"), state)
+    return tmp_path, state
+
+
+def _fresh(args):
+    model = utils.build_model(args, torch.device("cpu"))
+    return model, utils.make_optimizer(model)
+
+
+def test_checkpoint_names_the_schedule_and_its_format(saved):
+    _, state = saved
+    assert state["format"] == checkpoints.FORMAT == 2
+    assert state["schedule"] == {"base_lr": 0.05, "start_epoch": 0} and "scheduler" not in state
+
+
+def test_format_1_checkpoints_still_resume_their_schedule(saved):
+    folder, state = saved
+    old = dict(state, format=1, scheduler=state.pop("schedule"))
+    checkpoints.save_checkpoint(str(folder / "ckpt.pth"), old)
+    args = _args("--checkpoint-dir", str(folder), "--epochs", "4", "--resume")
+    start = checkpoints.restore(args, *_fresh(args))
+    assert start["schedule"] == {"base_lr": 0.05, "start_epoch": 0} and start["epoch"] == 2
+
+
+def test_resume_loads_the_optimizer_and_evaluate_does_not(saved):
+    folder, _ = saved
+    args = _args("--checkpoint-dir", str(folder), "--epochs", "4", "--resume")
+    model, optimizer = _fresh(args)
+    assert checkpoints.restore(args, model, optimizer)["optimizer_state"] is True
+    assert optimizer.state  # momentum buffers are back
+    args = _args("--checkpoint-dir", str(folder), "--evaluate")
+    model, optimizer = _fresh(args)
+    start = checkpoints.restore(args, model, optimizer)
+    assert start["optimizer_state"] is False and not optimizer.state  # nothing to broadcast
+    assert start["epoch"] == 2  # the weights are loaded all the same
+
+
+def test_resume_with_stop_at_not_after_the_checkpoint_is_a_usage_error(saved):
+    folder, _ = saved
+    for stop in (1, 2):
+        args = _args("--checkpoint-dir", str(folder), "--epochs", "4", "--resume", "--stop-at", str(stop))
+        with pytest.raises(UsageError, match=f"--stop-at {stop} is not after the checkpoint's epoch 2"):
+            checkpoints.restore(args, *_fresh(args))
+    args = _args("--checkpoint-dir", str(folder), "--epochs", "4", "--resume", "--stop-at", "3")
+    assert checkpoints.restore(args, *_fresh(args))["epoch"] == 2
+
+
+def test_resume_says_what_it_continues(saved, capsys):
+    folder, _ = saved
+    path = folder / "ckpt.pth"
+    for flags, schedule in (
+            [[], "the saved cosine (lr 0.05 from epoch 0) continues over the 8 epochs 3-10"],
+            [["--lr", "0.01"], "--lr 0.01 restarts the cosine over the 8 epochs 3-10"],
+            [["--lr", "0.01", "--epochs", "3"], "--lr 0.01 restarts the cosine over epoch 3"]):
+        args = _args("--checkpoint-dir", str(folder), "--epochs", "10", "--resume", *flags)
+        checkpoints.restore(args, *_fresh(args))
+        said = capsys.readouterr().out.splitlines()
+        assert said == [f"resuming {path} after epoch 2, best test acc 0.5000; {schedule}"]
+    args = _args("--checkpoint-dir", str(folder), "--evaluate")
+    checkpoints.restore(args, *_fresh(args))
+    assert capsys.readouterr().out == ""  # --evaluate resumes nothing

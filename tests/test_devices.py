@@ -1,0 +1,82 @@
+"""devices.py: each local rank on its own share of the CPU cores, in fresh processes."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import devices
+from helpers import ROOT
+
+PLACEMENT_PROBE = """
+import json, os, sys, threading, torch, devices
+early = threading.Event()
+t = threading.Thread(target=early.wait, daemon=True)  # a thread that exists before the calls
+t.start()
+states = []
+for local_rank, local_size in json.loads(sys.argv[1]):
+    devices.pick_device(local_rank, local_size)
+    states.append({"process": sorted(os.sched_getaffinity(0)), "early": sorted(os.sched_getaffinity(t.native_id)),
+                   "threads": torch.get_num_threads()})
+print(json.dumps(states))
+"""
+
+
+def place(calls, prefix=(), **env):
+    """The placement after each pick_device(local_rank, local_size) call, in one new process."""
+    full_env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    full_env.update(env)
+    r = subprocess.run([*prefix, sys.executable, "-c", PLACEMENT_PROBE, json.dumps(calls)], cwd=ROOT,
+                       env=full_env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+CORES = sorted(os.sched_getaffinity(0))
+free = pytest.mark.skipif(len(CORES) < 2, reason="needs 2 or more usable cores")
+
+
+@pytest.fixture(scope="module")
+def unbound():
+    # As under horovodrun: rank 1 of 2, rank 0 of 2, more ranks than cores, then alone
+    # on the host (an elastic reset). Each call splits the cores the process began with.
+    return place([[1, 2], [0, 2], [0, len(CORES) + 1], [0, 1]])
+
+
+def test_core_share_splits_evenly():
+    assert devices.core_share([0, 1], 1, 2) == ([1], 1)
+    assert devices.core_share([0, 1, 2], 0, 2) == ([0], 1)  # no core left idle:
+    assert devices.core_share([0, 1, 2], 1, 2) == ([1, 2], 2)  # the remainder goes to a rank
+    assert [len(devices.core_share(list(range(6)), r, 4)[0]) for r in range(4)] == [1, 2, 1, 2]
+    assert devices.core_share([0, 1], 0, 3) == ([0, 1], 1)  # more processes than cores
+    assert devices.core_share([4, 5, 6, 7], 0, 1) == ([4, 5, 6, 7], 4)
+
+
+@free
+def test_local_ranks_get_their_own_cores(unbound):
+    ordered = devices.ordered_cores(CORES)
+    rank1, rank0 = unbound[0], unbound[1]
+    want1, want0 = devices.core_share(ordered, 1, 2)[0], devices.core_share(ordered, 0, 2)[0]
+    assert rank1["process"] == rank1["early"] == sorted(want1)  # every thread, also one started before
+    assert rank0["process"] == rank0["early"] == sorted(want0)
+    assert rank1["threads"] == len(want1) and rank0["threads"] == len(want0)
+    assert not set(want0) & set(want1)
+
+
+@free
+def test_more_local_ranks_than_cores_share_them_all(unbound):
+    assert unbound[2]["process"] == CORES and unbound[2]["threads"] == 1
+
+
+@free
+def test_elastic_reset_splits_the_starting_cores_anew(unbound):
+    assert unbound[3]["process"] == unbound[3]["early"] == CORES and unbound[3]["threads"] == len(CORES)
+
+
+@free
+def test_launcher_binding_and_omp_num_threads_are_kept():
+    got = place([[1, 2]], prefix=("taskset", "-c", str(CORES[0])))[0]  # as mpirun --bind-to core leaves it
+    assert got["process"] == [CORES[0]] and got["threads"] == 1
+    got = place([[1, 2]], OMP_NUM_THREADS="1")[0]
+    assert got["process"] == CORES and got["threads"] == 1
