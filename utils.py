@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 import data
 import layout
+import loaders
 import models
 from cli import RECIPE
 from runlog import PhaseTimer
@@ -120,16 +121,16 @@ class LRSchedule:
 def make_loaders(args, train, test, device, rank=0, size=1):
     per_step = args.batch_size * getattr(args, "batches_per_allreduce", 1)
     if args.loader == "torchvision":
-        return (data.torchvision_loader(*train, per_step, train=True, rank=rank, size=size,
+        return (loaders.torchvision_loader(*train, per_step, train=True, rank=rank, size=size,
                                         seed=args.seed, workers=args.workers,
                                         pad=RECIPE["crop_padding"]),
-                data.torchvision_loader(*test, args.batch_size, train=False, rank=rank, size=size,
+                loaders.torchvision_loader(*test, args.batch_size, train=False, rank=rank, size=size,
                                         workers=args.workers))
     dtype = torch.bfloat16 if args.amp and args.amp_dtype == "bfloat16" else torch.float32
     common = dict(rank=rank, size=size, seed=args.seed, device=device, dtype=dtype,
                   channels_last=layout.wanted(args, device), pad=RECIPE["crop_padding"])
-    return (data.DeviceLoader(*train, per_step, train=True, **common),
-            data.DeviceLoader(*test, args.batch_size, train=False, **common))
+    return (loaders.DeviceLoader(*train, per_step, train=True, **common),
+            loaders.DeviceLoader(*test, args.batch_size, train=False, **common))
 
 
 # ============================================================================
@@ -138,7 +139,7 @@ def make_loaders(args, train, test, device, rank=0, size=1):
 def seed_epoch(seed, epoch, rank):
     """Seed torch's global RNG (dropout, drop-connect) from (seed, epoch, rank), so a
     resumed run draws what the uninterrupted one would have."""
-    torch.manual_seed(data.hash_seed(seed, epoch, rank))
+    torch.manual_seed(loaders.hash_seed(seed, epoch, rank))
 
 
 def _autocast(args, device):

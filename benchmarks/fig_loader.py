@@ -1,4 +1,4 @@
-"""Figure loader_speedup: images/s of data.DeviceLoader over the torchvision PIL pipeline.
+"""Figure loader_speedup: images/s of loaders.DeviceLoader over the torchvision PIL pipeline.
 
 Same images, same batch, full epochs, each batch made training-ready on the
 device. On the CPU the headline runs the DeviceLoader on one torch thread,
@@ -14,6 +14,7 @@ import harness  # puts the repository root on sys.path
 import torch  # noqa: E402
 
 import data  # noqa: E402
+import loaders  # noqa: E402
 
 NAME = "loader_speedup"
 GOAL = (">=", 20.0)
@@ -56,8 +57,8 @@ def run(cfg, ctx):
     (x, y), _ = data.read_cifar10(folder)
     trainer_threads = torch.get_num_threads()  # as devices.pick_device set them
     headline_threads = 1 if device.type == "cpu" else trainer_threads
-    dev = data.DeviceLoader(x, y, batch, train=True, seed=0, device=device)
-    tv = data.torchvision_loader(x, y, batch, train=True, seed=0, workers=2)
+    dev = loaders.DeviceLoader(x, y, batch, train=True, seed=0, device=device)
+    tv = loaders.torchvision_loader(x, y, batch, train=True, seed=0, workers=2)
     head = f"device, {headline_threads} thread(s)"
     other = f"device, {trainer_threads} threads (trainer default)"
     sides = {head: (dev, headline_threads), TORCHVISION: (tv, trainer_threads)}
@@ -98,9 +99,9 @@ def run(cfg, ctx):
                   "headline": f"'{head}' over '{TORCHVISION}' (on the CPU one thread is the "
                               "conservative choice: the torchvision side has 2 worker processes)",
                   "headline_sides": [head, TORCHVISION],
-                  "device_side": f"data.DeviceLoader(images_u8, labels, {batch}, train=True, "
+                  "device_side": f"loaders.DeviceLoader(images_u8, labels, {batch}, train=True, "
                                  f"device={str(device)!r})",
-                  "torchvision_side": f"data.torchvision_loader(images, labels, {batch}, train=True, "
+                  "torchvision_side": f"loaders.torchvision_loader(images, labels, {batch}, train=True, "
                                       "workers=2)",
                   "timing": "one full epoch per repeat after one untimed epoch each, set_epoch(repeat); "
                             "batches moved to the device; the last batch summed and the device "

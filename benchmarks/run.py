@@ -11,7 +11,7 @@ name of a figure's module (fig_loader.py: loader); figures left out say so.
 
 Figures (each the median over interleaved repeats; every repeat is recorded):
 
-  loader_speedup          images/s of data.DeviceLoader over the torchvision PIL
+  loader_speedup          images/s of loaders.DeviceLoader over the torchvision PIL
                           pipeline (2 workers), same images, full epochs   goal >= 20
                           (fig_loader.py)
   horovod_np1_overhead    training time of main_horovod.py at np=1 over main.py,

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import cli
-import data
+import loaders
 import runlog
 import utils
 
@@ -50,7 +50,7 @@ def test_training_step_loop_has_no_host_sync(monkeypatch):
                                                      "--log-interval", "1000"])
     torch.manual_seed(0)
     images = torch.randint(0, 256, (80, 3, 32, 32), dtype=torch.uint8)
-    loader = data.DeviceLoader(images, torch.arange(80) % 10, 8, train=True)
+    loader = loaders.DeviceLoader(images, torch.arange(80) % 10, 8, train=True)
     model = utils.build_model(args, torch.device("cpu"))
     optimizer = utils.make_optimizer(model)
     scaler = utils.make_scaler(args, torch.device("cpu"))
@@ -84,7 +84,7 @@ def test_profile_steps_beyond_the_epoch_still_reports(capsys):
     args = cli.parse_args(cli.build_parser(""), ["--arch", "lenet", "--batch-size", "8",
                                                  "--log-interval", "1000", "--profile-steps", "50"])
     images = torch.randint(0, 256, (80, 3, 32, 32), dtype=torch.uint8)
-    loader = data.DeviceLoader(images, torch.arange(80) % 10, 8, train=True)
+    loader = loaders.DeviceLoader(images, torch.arange(80) % 10, 8, train=True)
     model = utils.build_model(args, torch.device("cpu"))
     optimizer = utils.make_optimizer(model)
     utils.train_epoch(model, loader, optimizer, utils.make_scaler(args, torch.device("cpu")),
