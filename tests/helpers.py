@@ -32,6 +32,12 @@ def env(extra=None):
     return e
 
 
+# The schedule of a job that a test ends itself (kill, SIGTERM): long enough that the job
+# cannot finish on its own between the test's last look and its signal, however slow the
+# machine is; a resume of it passes the same number, so the cosine continues.
+UNTIL_ENDED = 1000
+
+
 def common_args(data_dir, ckpt_dir, *extra, epochs=2, batch=32, lr=0.05):
     return ["--data-dir", str(data_dir), "--dataset", "synthetic", "--synthetic-size", str(SYNTH),
             "--arch", "lenet", "--epochs", str(epochs), "--batch-size", str(batch),

@@ -20,9 +20,9 @@ import time
 import pytest
 import torch
 
-from helpers import (BIN, PY, ROOT, assert_ok, common_args, env, is_gone, load_ckpt, load_ranks,
-                     metrics_rows, rank_pids, read_metrics, run, run_horovod, trainer_pids, wait_until,
-                     without_lr)
+from helpers import (BIN, PY, ROOT, UNTIL_ENDED, assert_ok, common_args, env, is_gone, load_ckpt,
+                     load_ranks, metrics_rows, rank_pids, read_metrics, run, run_horovod, trainer_pids,
+                     wait_until, without_lr)
 
 SCRIPT = os.path.join(ROOT, "scripts", "local_cluster.sh")
 DISCOVER = os.path.join(ROOT, "scripts", "discover_hosts.sh")
@@ -173,7 +173,7 @@ def test_horovodrun_mpi_four_ranks_on_two_slots_per_host(cluster, data_dir, tmp_
 
 def test_kill_9_on_the_second_host_ends_the_job_and_resume_loses_nothing(cluster, data_dir, tmp_path, jobs):
     ck = tmp_path / "ck"
-    job = jobs(cluster.launch("gloo", 2, common_args(data_dir, ck, "--warmup-epochs", 0, epochs=40)),
+    job = jobs(cluster.launch("gloo", 2, common_args(data_dir, ck, "--warmup-epochs", 0, epochs=UNTIL_ENDED)),
                env_extra=dict(cluster.env, **ONE_THREAD))
     wait_until(lambda: len(metrics_rows(ck)) >= 2, 120, "2 finished epochs", job)
     pids = rank_pids("main_horovod.py", str(ck))
@@ -187,7 +187,7 @@ def test_kill_9_on_the_second_host_ends_the_job_and_resume_loses_nothing(cluster
     done = load_ckpt(ck / "ckpt.pth")["epoch"]
     assert done >= 2
     # (Resuming across hosts is shown above; one process is enough to show nothing was lost.)
-    resume = common_args(data_dir, ck, "--resume", "--warmup-epochs", 0, "--stop-at", done + 1, epochs=40)
+    resume = common_args(data_dir, ck, "--resume", "--warmup-epochs", 0, "--stop-at", done + 1, epochs=UNTIL_ENDED)
     assert_ok(run_horovod(1, resume, "python", timeout=JOB_TIMEOUT))
     epochs = [int(x["epoch"]) for x in read_metrics(ck)]
     assert epochs == list(range(1, done + 2)), "no finished epoch lost, none repeated"

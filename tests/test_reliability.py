@@ -9,9 +9,9 @@ import time
 import pytest
 import torch
 
-from helpers import (PY, ROOT, assert_one_line_error, common_args, env, horovod_cmd, is_gone, last_line,
-                     load_ckpt, metrics_rows, parse_eval, rank_pids, read_metrics, run_horovod, run_main,
-                     wait_until, without_lr)
+from helpers import (PY, ROOT, UNTIL_ENDED, assert_one_line_error, common_args, env, horovod_cmd,
+                     is_gone, last_line, load_ckpt, metrics_rows, parse_eval, rank_pids, read_metrics,
+                     run_horovod, run_main, wait_until, without_lr)
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +245,7 @@ def test_stopped_and_resumed_equals_uninterrupted(data_dir, tmp_path, np_):
 
 def test_kill_9_of_one_worker_ends_the_job_and_resume_loses_nothing(data_dir, tmp_path, jobs):
     ck = tmp_path / "ck-killed"
-    job = jobs(horovod_cmd(2, common_args(data_dir, ck, "--warmup-epochs", 0, epochs=40)))
+    job = jobs(horovod_cmd(2, common_args(data_dir, ck, "--warmup-epochs", 0, epochs=UNTIL_ENDED)))
     wait_until(lambda: len(metrics_rows(ck)) >= 2, 120, "2 finished epochs", job)
     pids = rank_pids("main_horovod.py", str(ck))
     assert set(pids) == {0, 1}, pids
@@ -258,7 +258,7 @@ def test_kill_9_of_one_worker_ends_the_job_and_resume_loses_nothing(data_dir, tm
     done = load_ckpt(ck / "ckpt.pth")["epoch"]
     assert done >= 2
     r = run_horovod(2, common_args(data_dir, ck, "--resume", "--warmup-epochs", 0, "--stop-at", done + 1,
-                                   epochs=40))
+                                   epochs=UNTIL_ENDED))
     assert r.returncode == 0, r.stderr[-2000:]
     epochs = [int(x["epoch"]) for x in read_metrics(ck)]
     assert epochs == list(range(1, done + 2)), "no finished epoch lost, none duplicated"
@@ -270,7 +270,7 @@ def test_kill_9_of_one_worker_ends_the_job_and_resume_loses_nothing(data_dir, tm
 @pytest.mark.parametrize("launcher,target", [("gloo", "launcher"), ("mpirun", "rank 1")])
 def test_sigterm_ends_every_rank_with_one_line_and_resume_works(data_dir, tmp_path, jobs, launcher, target):
     ck = tmp_path / "ck"
-    job = jobs(horovod_cmd(2, common_args(data_dir, ck, "--warmup-epochs", 0, epochs=40), launcher))
+    job = jobs(horovod_cmd(2, common_args(data_dir, ck, "--warmup-epochs", 0, epochs=UNTIL_ENDED), launcher))
     wait_until(lambda: len(metrics_rows(ck)) >= 2, 120, "2 finished epochs", job)
     pids = rank_pids("main_horovod.py", str(ck))
     assert set(pids) == {0, 1}, pids
@@ -298,7 +298,7 @@ def test_sigterm_ends_every_rank_with_one_line_and_resume_works(data_dir, tmp_pa
     assert done >= 2 and len(read_metrics(ck)) == done
     assert not [f for f in os.listdir(ck) if f.endswith(".tmp")]
     r = run_horovod(1, without_lr(common_args(data_dir, ck, "--resume", "--warmup-epochs", 0, "--stop-at",
-                                              done + 1, epochs=40)), "python")
+                                              done + 1, epochs=UNTIL_ENDED)), "python")
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"after epoch {done}" in r.stdout
     assert [int(x["epoch"]) for x in read_metrics(ck)] == list(range(1, done + 2))
