@@ -3,7 +3,8 @@
 The job starts at np=3 and, once epoch 1 is in metrics.csv, loses a worker: the
 discovery script reports fewer slots (a planned removal), or a worker is killed (a
 failure). Either way training must go on at np=2 to the last epoch, with every
-epoch in metrics.csv once. Every wait is bounded, and a hung job is killed.
+epoch in metrics.csv once. SIGTERM to the driver ends every worker with one line.
+Every wait is bounded, and a hung job is killed.
 
 The driver polls the discovery script about once a second and tells rank 0, which
 acts at its next commit. On a busy machine that took longer than the rest of a
@@ -18,8 +19,8 @@ import signal
 import pytest
 import torch
 
-from helpers import (BIN, PY, ROOT, common_args, load_ckpt, metrics_rows, read_metrics, run_horovod,
-                     trainer_pids, wait_until, without_lr)
+from helpers import (BIN, PY, ROOT, UNTIL_ENDED, common_args, is_gone, load_ckpt, metrics_rows, rank_pids,
+                     read_metrics, run_horovod, trainer_pids, wait_until, without_lr)
 
 DISCOVER = os.path.join(ROOT, "scripts", "discover_hosts.sh")
 EPOCHS = 6
@@ -153,3 +154,28 @@ def test_e4_preflight_error_stops_every_worker(data_dir, tmp_path, jobs):
     errors = [ln for ln in out.splitlines() if "main_elastic.py: error" in ln]
     assert len(errors) == 1 and "already exists" in errors[0], out[-3000:]
     assert (ck / "ckpt.pth").read_bytes() == b"not a checkpoint"
+
+
+def test_e5_sigterm_to_the_driver_ends_every_worker_with_one_line(data_dir, tmp_path, jobs):
+    # As a scheduler ends an elastic job: SIGTERM to horovodrun, which passes it on.
+    slots, ck = tmp_path / "slots", tmp_path / "ck"
+    slots.write_text("2\n")
+    job = jobs(elastic_cmd(slots, 2, 1, 2, common_args(data_dir, ck, "--warmup-epochs", 0,
+                                                       epochs=UNTIL_ENDED)))
+    wait_for_epochs(job, ck, 2, timeout=JOB_TIMEOUT)
+    pids = rank_pids("main_elastic.py", str(ck))
+    assert set(pids) == {0, 1}, pids
+    job.signal(signal.SIGTERM)
+    rc = job.wait(30)  # fails the test if a worker or the driver is still running
+    out = job.output()
+    assert rc != 0 and all(is_gone(pid) for pid in pids.values()), out[-3000:]
+    said = [ln for ln in out.splitlines() if "main_elastic.py: " in ln]
+    assert sorted(said) == [f"[{r}]<stderr>:main_elastic.py: interrupted (rank {r}) by SIGTERM; the last "
+                            "finished epoch is in the checkpoint" for r in (0, 1)], out[-3000:]
+    assert "]<stderr>:Traceback" not in out, out[-3000:]  # horovodrun's own traceback has no prefix
+    done = load_ckpt(ck / "ckpt.pth")["epoch"]
+    assert done >= 2 and len(read_metrics(ck)) == done
+    r = run_horovod(1, without_lr(common_args(data_dir, ck, "--resume", "--warmup-epochs", 0,
+                                              "--stop-at", done + 1, epochs=UNTIL_ENDED)), "python")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [int(x["epoch"]) for x in read_metrics(ck)] == list(range(1, done + 2))
