@@ -156,7 +156,7 @@ def test_e4_preflight_error_stops_every_worker(data_dir, tmp_path, jobs):
     assert (ck / "ckpt.pth").read_bytes() == b"not a checkpoint"
 
 
-def test_e5_sigterm_to_the_driver_ends_every_worker_with_one_line(data_dir, tmp_path, jobs):
+def test_e5_sigterm_to_the_driver_ends_every_worker_and_the_resume_works(data_dir, tmp_path, jobs):
     # As a scheduler ends an elastic job: SIGTERM to horovodrun, which passes it on.
     slots, ck = tmp_path / "slots", tmp_path / "ck"
     slots.write_text("2\n")
@@ -169,9 +169,17 @@ def test_e5_sigterm_to_the_driver_ends_every_worker_with_one_line(data_dir, tmp_
     rc = job.wait(30)  # fails the test if a worker or the driver is still running
     out = job.output()
     assert rc != 0 and all(is_gone(pid) for pid in pids.values()), out[-3000:]
-    said = [ln for ln in out.splitlines() if "main_elastic.py: " in ln]
-    assert sorted(said) == [f"[{r}]<stderr>:main_elastic.py: interrupted (rank {r}) by SIGTERM; the last "
-                            "finished epoch is in the checkpoint" for r in (0, 1)], out[-3000:]
+    # Each worker ends with our one line, except that a worker still blocked in a collective
+    # when its peer has already gone can be ended first by Horovod's elastic runtime: the
+    # driver counts the peer's exit as a failed host and a C++ thread aborts the worker with
+    # "has been removed from elastic job" (seen on a loaded machine), before Python runs the
+    # handler. Neither prints a Python traceback, and the checkpoint is whole either way.
+    line = "main_elastic.py: interrupted (rank {}) by SIGTERM; the last finished epoch is in the checkpoint"
+    ours = {r: out.count(f"[{r}]<stderr>:" + line.format(r)) for r in (0, 1)}
+    removed = {r: f"[{r}]<stderr>:  what():  localhost[{r}] has been removed from elastic job" in out
+               for r in (0, 1)}
+    assert all(ours[r] == 1 or (ours[r] == 0 and removed[r]) for r in (0, 1)), out[-3000:]
+    assert sum(ours.values()) >= 1 and out.count("main_elastic.py: ") == sum(ours.values()), out[-3000:]
     assert "]<stderr>:Traceback" not in out, out[-3000:]  # horovodrun's own traceback has no prefix
     done = load_ckpt(ck / "ckpt.pth")["epoch"]
     assert done >= 2 and len(read_metrics(ck)) == done

@@ -40,9 +40,12 @@ def test_d2_np2_at_batch_b_equals_np1_at_batch_2b(data_dir, tmp_path):
     assert_ok(run_horovod(2, common_args(data_dir, tmp_path / "np2", "--warmup-epochs", 0, batch=b, lr=lr / 2)))
     one = load_ckpt(tmp_path / "np1" / "ckpt.pth")["model"]
     two = load_ckpt(tmp_path / "np2" / "ckpt.pth")["model"]
+    # Equal up to summation order (one process's 2 threads over 50 images against two 1-thread
+    # ranks over 25 and an allreduce): 1.3e-5 of a tensor's largest value seen after 20 steps on
+    # a loaded machine. A wrong LR scale or a missing average is off by ~1e-2.
     for k in one:
         scale = one[k].abs().max().item()
-        assert (one[k] - two[k]).abs().max().item() <= 1e-5 * scale, k
+        assert (one[k] - two[k]).abs().max().item() <= 5e-5 * scale, k
     # ...and they did move: the comparison is not of two untouched inits.
     assert float(read_metrics(tmp_path / "np1")[-1]["train_acc"]) > 0.2
 
