@@ -48,8 +48,10 @@ def main(argv=None):
     schedule = utils.LRSchedule(**start["schedule"], epochs=args.epochs, scale=lr_scale,
                                 warmup_epochs=args.warmup_epochs)  # DDP: ramp up to it
     train_model = utils.training_model(args, model, optimizer)
-    ddp_model = torch.nn.parallel.DistributedDataParallel(  # DDP: average gradients in backward;
-        train_model, broadcast_buffers=False, gradient_as_bucket_view=True)  # BN stats per rank
+    # DDP: gradients averaged during backward; BatchNorm running statistics synced at the start,
+    # then each rank's own (forward_sync_buffers=False), as under Horovod
+    ddp_model = torch.nn.parallel.DistributedDataParallel(
+        train_model, forward_sync_buffers=False, gradient_as_bucket_view=True)
 
     if args.evaluate:
         test = utils.evaluate(train_model, test_loader, args, progress, allreduce)
