@@ -57,20 +57,20 @@ class TrainerRuns:
                 "--batch-size", str(c["train_batch"]), "--lr", "0.05", "--checkpoint-dir", ckpt]
 
     def run(self, kind, pin=None, env_extra=None, flags=()):
-        """kind: main | hvd | hvd2 | ddp | ddp2. pin: CPUs the process is confined to (as
+        """kind: main | hvd | hvd2 | hvd2-mpi | ddp | ddp2. pin: CPUs the process is confined to (as
         taskset -c). env_extra: more environment (Horovod's knobs); flags: more trainer flags.
         Safe to call from two threads at once (see fig_scaling's ceiling)."""
         with self.lock:
             self.count += 1
             ckpt = os.path.join(self.scratch, f"ckpt-{self.count:03d}-{kind}")
-        script = {"main": "main.py", "hvd": "main_horovod.py", "hvd2": "main_horovod.py",
-                  "ddp": "main_ddp.py", "ddp2": "main_ddp.py"}[kind]
+        script = {"main": "main.py", "ddp": "main_ddp.py", "ddp2": "main_ddp.py"}.get(kind, "main_horovod.py")
         # main.py has no --warmup-epochs (it belongs to the ports); at np=1 the
         # warm-up is a no-op anyway (LR scale 1), and it is 0 for np=2 here too.
         extra = [] if kind == "main" else ["--warmup-epochs", "0"]
         cmd = [sys.executable, script, *self.flags(ckpt), *extra, *flags]
-        if kind == "hvd2":
-            cmd = [os.path.join(self.bin, "horovodrun"), "-np", "2", "--gloo", *cmd]
+        if kind.startswith("hvd2"):
+            controller = "--mpi" if kind == "hvd2-mpi" else "--gloo"
+            cmd = [os.path.join(self.bin, "horovodrun"), "-np", "2", controller, *cmd]
         if kind == "ddp2":
             cmd = [os.path.join(self.bin, "torchrun"), "--standalone", "--nproc_per_node", "2", *cmd[1:]]
         if pin:  # taskset, not preexec_fn: runs come from two threads at once (preexec_fn is unsafe there)

@@ -22,6 +22,7 @@ if __name__ == "__main__":
     model, result = main_ddp.main(argv)
     torch.save({"model": model.state_dict(), "result": result, "size": dist.get_world_size(),
                 "local_size": int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-                "threads": torch.get_num_threads(), "host": socket.gethostname()},
+                "threads": torch.get_num_threads(), "cores": sorted(os.sched_getaffinity(0)),
+                "host": socket.gethostname()},
                os.path.join(out, f"rank{dist.get_rank()}.pt"))
     dist.destroy_process_group()

@@ -52,6 +52,8 @@ def test_ranks_end_bitwise_identical_and_rank0_alone_writes(ddp2):
     assert [x["size"] for x in ranks] == [2, 2]
     # torchrun sets OMP_NUM_THREADS=1 itself; the cores are still split per local rank.
     assert [x["threads"] for x in ranks] == [max(1, len(os.sched_getaffinity(0)) // 2)] * 2
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert not set(ranks[0]["cores"]) & set(ranks[1]["cores"]), "each rank on its own cores"
     for k, v in ranks[0]["model"].items():
         assert torch.equal(v, ranks[1]["model"][k]), f"{k} differs between ranks"
     saved = load_ckpt(probe / "ck" / "ckpt.pth")
