@@ -19,6 +19,7 @@ import trainer_runs
 SETTINGS = {
     "defaults": ("hvd2", {}),
     "cycle 5 ms": ("hvd2", {"HOROVOD_CYCLE_TIME": "5"}),
+    "cycle 10 ms": ("hvd2", {"HOROVOD_CYCLE_TIME": "10"}),
     "cycle 0.2 ms": ("hvd2", {"HOROVOD_CYCLE_TIME": "0.2"}),
     "no fusion": ("hvd2", {"HOROVOD_FUSION_THRESHOLD": "0"}),
     "fusion 4 MB": ("hvd2", {"HOROVOD_FUSION_THRESHOLD": str(4 << 20)}),
