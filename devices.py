@@ -20,7 +20,8 @@ def pick_device(local_rank=0, local_size=1):
     compute threads and Horovod's background threads wander between cores
     (measured at np=2 on 2 cores: 20% fewer images/s). With more local processes
     than cores none is pinned, and each runs one thread. OMP_NUM_THREADS set by
-    the user turns all this off (threads_chosen: torchrun's own setting does not). Called again after an elastic reset, it splits
+    the user turns all this off (threads_chosen: torchrun's own setting does not).
+    Called again after an elastic reset, it splits
     the cores the process started with among the new local size."""
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
