@@ -6,8 +6,9 @@ the best accuracy and the metric history. It is written atomically
 (safeio.atomic_write) and read with `torch.load(weights_only=True)`, which runs
 no pickled code. pytorch-cifar's checkpoints are read too.
 
-Nothing here talks to other processes: the ports call `restore` on rank 0 and
-broadcast what it returns, and `restore` says in one line what a --resume continues.
+Nothing here talks to other processes: the Horovod ports call `restore` on rank 0 and
+broadcast what it returns, the DDP port calls it on every rank, and `restore` says
+in one line (where `verbose`) what a --resume continues.
 """
 import os
 
@@ -28,8 +29,15 @@ def checkpoint_path(args):
 
 
 def unwrap(model):
-    """The plain module under torch.compile, so saved keys have no `_orig_mod.`."""
-    return getattr(model, "_orig_mod", model)
+    """The plain module under DistributedDataParallel (`module.`) and torch.compile
+    (`_orig_mod.`), so saved keys have neither prefix and load into any trainer."""
+    while True:
+        if type(model).__name__ in ("DistributedDataParallel", "DataParallel"):
+            model = model.module
+        elif hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        else:
+            return model
 
 
 def checkpoint_state(args, model, optimizer, scaler, schedule, next_epoch, best_acc, world_size):
@@ -100,7 +108,7 @@ def fresh_start(args):
             "history": [], "optimizer_state": False, "scaler": None}
 
 
-def restore(args, model, optimizer):
+def restore(args, model, optimizer, verbose=True):
     """Load the checkpoint into model and optimizer; return where to start.
 
     A fresh run starts at epoch 0. `optimizer_state` says whether the optimizer
@@ -137,7 +145,7 @@ def restore(args, model, optimizer):
     if args.resume and args.lr is not None:
         # --resume --lr X: a new cosine from X over the epochs that are left.
         start["schedule"] = {"base_lr": args.lr, "start_epoch": ckpt["epoch"]}
-    if args.resume:  # the process that reads the checkpoint (rank 0) says what it resumed
+    if args.resume and verbose:  # one process (rank 0) says what it resumed
         print(resume_line(path, start, args, ckpt.get("imported", False)), flush=True)
     return start
 

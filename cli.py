@@ -4,11 +4,12 @@ Every trainer builds its parser here, so `--help` shows one set of flags and
 defaults. The recipe below is the one place a hyperparameter is written down;
 flags take their defaults from it and the engine (utils.py) reads the rest.
 
-Horovod appears here by name only: `add_horovod_args` adds the port's flags,
+Horovod appears here by name only: `add_horovod_args` adds the port's flags
+(`add_distributed_args` those it shares with the DDP port),
 `check_adasum` checks them against values the port passes in, and `run_cli`
 recognises the launchers' rank variables and Horovod's peer-failure exception
-by name. `run_cli` also turns Ctrl-C and SIGTERM into one line. Nothing here
-imports Horovod, and nothing here trains.
+by name (torch.distributed's too). `run_cli` also turns Ctrl-C and SIGTERM into one
+line. Nothing here imports Horovod or torch.distributed, and nothing here trains.
 """
 import argparse
 import math
@@ -34,8 +35,9 @@ RECIPE = dict(
 
 COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
-# Environment variables in which launchers give a process its rank before any init.
-LAUNCHER_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+# Environment variables in which launchers give a process its rank before any init
+# (horovodrun, mpirun, other MPIs, torchrun).
+LAUNCHER_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -101,21 +103,34 @@ def build_parser(doc):
     return p
 
 
-def add_horovod_args(p):
-    """The Horovod port's own flags (main_horovod.py, main_elastic.py)."""
-    g = p.add_argument_group("Horovod")
+def add_distributed_args(p, title="distributed"):
+    """The flags both ports have, with one meaning (main_horovod.py, main_elastic.py, main_ddp.py)."""
+    g = p.add_argument_group(title)
     g.add_argument("--warmup-epochs", type=float, default=RECIPE["warmup_epochs"],
                    help="ramp the LR per batch from --lr to the scaled LR over this many epochs "
                         "(Goyal et al. 2017) (default: %(default)s)")
-    g.add_argument("--fp16-allreduce", action="store_true",
-                   help="compress gradients to float16 for the allreduce")
-    g.add_argument("--use-adasum", action="store_true",
-                   help="combine gradients with Adasum instead of averaging")
     g.add_argument("--batches-per-allreduce", type=int, default=1,
                    help="backward passes (of --batch-size each) per allreduce and step "
                         "(default: %(default)s)")
     g.add_argument("--sync-bn", action="store_true",
-                   help="BatchNorm statistics over all ranks (hvd.SyncBatchNorm)")
+                   help="BatchNorm statistics over all ranks (hvd.SyncBatchNorm, "
+                        "torch.nn.SyncBatchNorm under DDP)")
+    return g
+
+
+def add_horovod_args(p):
+    """The Horovod port's flags (main_horovod.py, main_elastic.py): the shared ones and its own."""
+    g = add_distributed_args(p, "Horovod")
+    g.add_argument("--fp16-allreduce", action="store_true",
+                   help="compress gradients to float16 for the allreduce")
+    g.add_argument("--use-adasum", action="store_true",
+                   help="combine gradients with Adasum instead of averaging")
+    return p
+
+
+def add_ddp_args(p):
+    """The DDP port's flags (main_ddp.py): the shared ones."""
+    add_distributed_args(p, "DDP")
     return p
 
 
@@ -144,7 +159,8 @@ def parse_args(parser, argv=None):
         raise UsageError("--use-adasum cannot work with --amp's float16 GradScaler (Horovod's Adasum "
                          "optimizer cannot be synchronized early); add --amp-dtype bfloat16 or drop one")
     if port.get("sync_bn") and not torch.cuda.is_available():
-        raise UsageError("--sync-bn needs CUDA: hvd.SyncBatchNorm runs on GPUs only; drop it on CPU")
+        raise UsageError("--sync-bn needs CUDA: SyncBatchNorm (Horovod's and PyTorch's) runs on GPUs "
+                         "only; drop it on CPU")
     if args.compile in ("reduce-overhead", "max-autotune") and not torch.cuda.is_available():
         raise UsageError(f"--compile {args.compile} captures CUDA graphs and needs CUDA; on the CPU "
                          "use --compile (default mode) or --compile max-autotune-no-cudagraphs")
@@ -178,6 +194,21 @@ def launcher_rank():
     return 0
 
 
+def torchrun_local():
+    """(local rank, local size) as torchrun gives them; (0, 1) without torchrun."""
+    return int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+
+
+def peer_failed(e):
+    """Whether `e` is how a collective fails when another rank has failed or died:
+    Horovod's HorovodInternalError, torch.distributed's backend errors, or gloo's
+    transport error (a RuntimeError naming gloo's transport). Matched by name: neither
+    library is imported here."""
+    if type(e).__name__ in ("HorovodInternalError", "DistBackendError", "DistNetworkError"):
+        return True
+    return isinstance(e, RuntimeError) and "gloo/transport/" in str(e)
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, raised in the main thread as Ctrl-C raises KeyboardInterrupt: schedulers
     send it on pre-emption and at time limits, launchers when they end a job. Not an
@@ -190,8 +221,9 @@ def _raise_terminated(signum, frame):
     raise Terminated()
 
 
-def run_cli(main, argv=None):
-    """Run main(); turn a TrainerError, Ctrl-C or SIGTERM into one line on stderr and an exit status."""
+def run_cli(main, argv=None, finish=None):
+    """Run main(), then finish() if given and main() returned; turn a TrainerError, Ctrl-C or
+    SIGTERM into one line on stderr and an exit status."""
     argv = sys.argv[1:] if argv is None else argv
     prog = os.path.basename(sys.argv[0] or "main.py")
     launched = any(v in os.environ for v in LAUNCHER_RANK_VARS)
@@ -200,6 +232,8 @@ def run_cli(main, argv=None):
     try:
         try:
             main(argv)
+            if finish:
+                finish()
         finally:  # SIGTERM as it was, so that none interrupts the one-line exits below
             signal.signal(signal.SIGTERM, previous)
         return 0
@@ -214,9 +248,9 @@ def run_cli(main, argv=None):
             print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
         return e.exit_code
     except Exception as e:
-        # Horovod raises this on the surviving ranks when another rank failed or
-        # died; that rank has said why. Matched by name: Horovod is not imported here.
-        if type(e).__name__ != "HorovodInternalError" or "--debug" in argv:
+        # The surviving ranks' collectives fail when another rank failed or died;
+        # that rank has said why.
+        if not peer_failed(e) or "--debug" in argv:
             raise
         print(f"{prog}: error{where}: stopping because another rank failed or exited "
               "(its error is above)", file=sys.stderr, flush=True)

@@ -20,12 +20,13 @@ def pick_device(local_rank=0, local_size=1):
     compute threads and Horovod's background threads wander between cores
     (measured at np=2 on 2 cores: 20% fewer images/s). With more local processes
     than cores none is pinned, and each runs one thread. OMP_NUM_THREADS set by
-    the user turns all this off. Called again after an elastic reset, it splits
+    the user turns all this off (threads_chosen: torchrun's own setting does not).
+    Called again after an elastic reset, it splits
     the cores the process started with among the new local size."""
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
-    if "OMP_NUM_THREADS" in os.environ:  # the user's choice, which torch has already read
+    if threads_chosen():  # the user's choice, which torch has already read
         return torch.device("cpu")
     if not hasattr(pick_device, "start"):
         pick_device.start = (ordered_cores(os.sched_getaffinity(0)), launcher_bound())
@@ -36,6 +37,23 @@ def pick_device(local_rank=0, local_size=1):
         pin_process(cores)
     torch.set_num_threads(threads)
     return torch.device("cpu")
+
+
+def threads_chosen():
+    """Whether the user set OMP_NUM_THREADS. torchrun sets it to 1 for its workers when it
+    is unset (it warns that you should tune it): that is no choice of the user's, so the
+    cores are still split per local rank. torchrun sets it after it started, so it is
+    missing from the environment torchrun itself was started with (/proc/PID/environ)."""
+    if "OMP_NUM_THREADS" not in os.environ:
+        return False
+    if os.environ["OMP_NUM_THREADS"] != "1" or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return True
+    try:
+        with open(f"/proc/{os.getppid()}/environ", "rb") as f:
+            launcher_env = f.read().split(b"\0")
+    except OSError:  # the parent is gone or not ours to read: keep the setting
+        return True
+    return any(e.startswith(b"OMP_NUM_THREADS=") for e in launcher_env)
 
 
 def core_share(cores, local_rank, local_size):

@@ -1,11 +1,13 @@
 """Train a CIFAR-10 model: main.py on one device (CUDA when available, else the CPU),
-main_horovod.py on many processes with Horovod. `diff main.py main_horovod.py` shows the port.
+main_horovod.py on many processes with Horovod, main_ddp.py with PyTorch's DDP.
+`diff main.py main_horovod.py` (or main_ddp.py) shows the port.
 
   python main.py --arch resnet18                      # ckpt.pth, metrics.csv in ./checkpoint
   python main.py --resume --lr 0.01                   # continue with a new cosine from 0.01
   python main.py --evaluate                           # test the checkpoint and exit
   horovodrun -np 4 python main_horovod.py --arch resnet18
   mpirun -np 4 --hostfile hostfile python main_horovod.py --arch resnet18
+  torchrun --nproc_per_node 4 main_ddp.py --arch resnet18
   python main.py --dataset synthetic --arch lenet --epochs 2   # no download needed
 """
 import functools  # Horovod: for the metric allreduce below

@@ -3,7 +3,7 @@ loaders, one epoch of training, and exact evaluation.
 
 The entry points (main.py and its ports) call these functions in the same order.
 A port passes in what differs as values: its rank and world size, an allreduce
-function for the metric sums, and an LR scale. Nothing here imports Horovod or
+function for the metric sums, an LR scale, and DDP's `no_sync` context. Nothing here imports Horovod or
 torch.distributed. One function knows of Horovod's DistributedOptimizer by its
 methods: `optimizer_step` calls its synchronize() before the step when it has one.
 """
@@ -171,9 +171,22 @@ def local_sum(t):
     return t
 
 
+def summed_copy(all_reduce):
+    """A metric allreduce from an in-place sum (torch.distributed.all_reduce): the sum of a
+    copy, so that the running sums it is given stay this rank's own."""
+    def allreduce(t):
+        t = t.clone()
+        all_reduce(t)
+        return t
+    return allreduce
+
+
 def train_epoch(model, loader, optimizer, scaler, schedule, epoch, args, progress,
-                allreduce=local_sum, profile_epoch=None):
+                allreduce=local_sum, profile_epoch=None, no_sync=None):
     """One pass over this rank's shard. Returns global (loss, acc, images) and the last LR.
+
+    Under --batches-per-allreduce k, `no_sync` (DDP's model.no_sync) wraps the first
+    k - 1 backward passes, so that gradients accumulate locally and are averaged once.
 
     Loss sum, correct count and image count stay on the device as one float64
     vector; they are reduced only every --log-interval steps and at the end,
@@ -196,12 +209,13 @@ def train_epoch(model, loader, optimizer, scaler, schedule, epoch, args, progres
         lr = schedule.apply(optimizer, epoch + step / steps)
         optimizer.zero_grad()
         parts = list(zip(x.split(args.batch_size), y.split(args.batch_size)))
-        for xs, ys in parts:  # more than one under --batches-per-allreduce
-            with profiler.phase("forward"), _autocast(args, device):
-                out = model(xs)
-                loss = F.cross_entropy(out, ys)
-            with profiler.phase("backward"):
-                scaler.scale(loss / len(parts)).backward()
+        for i, (xs, ys) in enumerate(parts):  # more than one under --batches-per-allreduce
+            with no_sync() if no_sync and i + 1 < len(parts) else contextlib.nullcontext():
+                with profiler.phase("forward"), _autocast(args, device):
+                    out = model(xs)
+                    loss = F.cross_entropy(out, ys)
+                with profiler.phase("backward"):
+                    scaler.scale(loss / len(parts)).backward()
             stats[0] += loss.detach().double() * len(ys)
             stats[1] += (out.detach().argmax(1) == ys).sum()
             stats[2] += len(ys)

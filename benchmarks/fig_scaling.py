@@ -4,6 +4,8 @@ The np=1 side runs with the threads each rank gets at np=2 (on the CPU: confined
 to half the cores). On the CPU a third side, recorded beside the headline, runs
 two independent np=1 processes at once, one on each half of the cores: the
 machine's own ceiling for two processes, without Horovod.
+
+`scaling` measures any trainer's pair of sides; fig_ddp_scaling.py uses it for DDP.
 """
 import concurrent.futures
 import os
@@ -23,6 +25,12 @@ SIDE_NAMES = {"np1": "np=1", "np2": "np=2",
 
 
 def run(cfg, ctx):
+    return scaling(cfg, ctx, one="hvd", two="hvd2", pair=True)
+
+
+def scaling(cfg, ctx, one, two, pair):
+    """np=2 (trainer_runs kind `two`) over 2 x np=1 (kind `one`), alternating; with pair,
+    also the machine's ceiling (two `one` processes at once) on the CPU."""
     repeats = cfg["scaling_repeats"]
     usable = sorted(os.sched_getaffinity(0))
     if torch.cuda.is_available():
@@ -40,23 +48,24 @@ def run(cfg, ctx):
 
     def measure(kind):
         if kind == "np1":
-            return runs.run("hvd", pin=pin)
+            return runs.run(one, pin=pin)
         if kind == "np2":
-            return runs.run("hvd2")
+            return runs.run(two)
         half = len(pin)  # two equal halves, as np=2 gets (an odd last core stays out)
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
-            both = list(pool.map(lambda cpus: runs.run("hvd", pin=cpus), [pin, set(usable[half:2 * half])]))
+            both = list(pool.map(lambda cpus: runs.run(one, pin=cpus), [pin, set(usable[half:2 * half])]))
         return dict(both[0], images_per_s=sum(b["images_per_s"] for b in both))
 
     # On the CPU, the pair goes last in every repeat. No Horovod joins its two processes,
     # so their sum over 2 x np=1 is what this machine itself gives two processes (memory
     # bandwidth, caches, other tenants): the ceiling that np=2 is held to.
-    kinds = ("np1", "np2", "pair") if pin else ("np1", "np2")
+    pair = pair and bool(pin)
+    kinds = ("np1", "np2", "pair") if pair else ("np1", "np2")
     sides = {k: [] for k in kinds}
     ratios, ceilings, example, record = [], [], {}, []
     for r, order in enumerate(harness.alternating(["np1", "np2"], repeats)):
         res = {}
-        for kind in order + (["pair"] if pin else []):
+        for kind in order + (["pair"] if pair else []):
             res[kind] = measure(kind)
             sides[kind].append(res[kind]["images_per_s"])
             example[kind] = res[kind]["command"]
@@ -64,13 +73,13 @@ def run(cfg, ctx):
         assert res["np2"]["world_size"] == 2 and res["np1"]["world_size"] == 1
         ratios.append(res["np2"]["images_per_s"] / (2 * res["np1"]["images_per_s"]))
         text = ""
-        if pin:
+        if pair:
             ceilings.append(res["pair"]["images_per_s"] / (2 * res["np1"]["images_per_s"]))
             text = f", two np=1 at once {res['pair']['images_per_s']:.0f} img/s (ceiling {ceilings[-1]:.3f})"
         harness.log(f"scaling repeat {r + 1}/{repeats}: np=1 {res['np1']['images_per_s']:.0f} img/s, "
                     f"np=2 {res['np2']['images_per_s']:.0f} img/s, efficiency {ratios[-1]:.3f}{text}")
     extra = {}
-    if pin:
+    if pair:
         extra["machine_ceiling"] = {
             "value": harness.median(ceilings), "repeats": ceilings,
             "what": "two independent np=1 processes started together, each one's images/s over its own "
@@ -93,7 +102,7 @@ def run(cfg, ctx):
 def markdown(fig):
     st = fig["setup"]
     L = [f"Threads per process: {st['threads_per_process']} (np=1 confined to CPUs {st['np1_affinity']}; "
-         f"under horovodrun each rank sets cores // local_size). Images/s: {st['images_per_s']}.", ""]
+         f"under horovodrun or torchrun each rank sets cores // local_size). Images/s: {st['images_per_s']}.", ""]
     L += harness.command_lines(st["commands"], {"pair": "twice at once, one per half of the cores"})
     L += harness.sides_table(fig["sides"], "images_per_s", "images/s", ".0f")
     if "machine_ceiling" in fig:

@@ -20,6 +20,12 @@ Figures (each the median over interleaved repeats; every repeat is recorded):
   scaling_efficiency_np2  images/s of horovodrun -np 2 --gloo over 2 x the
                           images/s of one process with the same threads    goal >= 0.90
                           (fig_scaling.py)
+  ddp_scaling_efficiency_np2  the same for torchrun -np 2 main_ddp.py    goal >= 0.90
+                          (fig_ddp_scaling.py)
+  horovod_vs_ddp_np2      images/s of horovodrun -np 2 over torchrun
+                          --nproc_per_node 2, same work (MobileNet; LeNet
+                          beside), and the allreduce per step of both     goal >= 0.95
+                          (fig_ddp.py)
 
 Side A and side B of a figure alternate (ABBA...), so slow drift of a shared,
 noisy machine falls on both. The headline of a figure is the median of the
@@ -46,6 +52,8 @@ import harness  # puts the repository root on sys.path
 import fig_loader
 import fig_overhead
 import fig_scaling
+import fig_ddp_scaling
+import fig_ddp
 import fig_layout
 
 import torch  # noqa: E402
@@ -54,7 +62,7 @@ import devices  # noqa: E402
 
 # The registry: every figure, in the order they run and are reported. A new figure
 # is a fig_*.py module with harness.py's interface, and one entry here.
-FIGURES = [fig_loader, fig_overhead, fig_scaling, fig_layout]
+FIGURES = [fig_loader, fig_overhead, fig_scaling, fig_ddp_scaling, fig_ddp, fig_layout]
 
 
 def short_name(mod):

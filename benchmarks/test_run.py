@@ -116,6 +116,26 @@ def test_quick_run_writes_every_figure(tmp_path):
     assert res["command"] in md
 
 
+def test_ddp_figures_run_tiny(tmp_path):
+    """horovod_vs_ddp_np2 and ddp_scaling_efficiency_np2 on tiny settings: real horovodrun and
+    torchrun jobs, every side measured, the allreduce per step of both trainers recorded."""
+    r = subprocess.run([sys.executable, os.path.join(HERE, "run.py"), "--quick", "--out", str(tmp_path),
+                        "--only", "horovod_vs_ddp_np2,ddp_scaling"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    figs = json.loads((tmp_path / "results.json").read_text())["figures"]
+    fig = figs["horovod_vs_ddp_np2"]
+    assert fig["value"] > 0 and fig["lenet"]["value"] > 0
+    assert {s["images_per_s"][0] > 0 for s in fig["sides"].values()} == {True} and len(fig["sides"]) == 4
+    assert set(fig["allreduce_per_step"]) == {"horovod", "ddp"}
+    assert fig["allreduce_per_step"]["ddp"]["allreduce_wait_ms"] == 0  # DDP waits inside backward
+    assert fig["allreduce_per_step"]["horovod"]["allreduce_wait_ms"] > 0
+    assert figs["ddp_scaling_efficiency_np2"]["value"] > 0
+    assert figs["scaling_efficiency_np2"]["skipped"] == "not run (--only)"
+    md = (tmp_path / "RESULTS.md").read_text()
+    assert "## horovod_vs_ddp_np2\n" in md and "torchrun" in md and "| ddp | 0.00 |" in md
+
+
 def test_gpu_figures_refuse_without_a_gpu_in_one_line():
     if torch.cuda.is_available():
         pytest.skip("a GPU is here: benchmarks/gpu.py would run")

@@ -1,12 +1,14 @@
 """Timed runs of the real trainers, shared by the figures that time them.
 
-main.py, main_horovod.py alone, or main_horovod.py under `horovodrun -np 2 --gloo`,
-with the same flags (LeNet on synthetic data: the only model cheap enough for
+main.py, main_horovod.py alone or under `horovodrun -np 2 --gloo`, main_ddp.py alone
+or under `torchrun --nproc_per_node 2`, with the same flags (LeNet on synthetic data
+unless the settings name another `arch`: LeNet is the only model cheap enough for
 several repeats on 2 CPU cores), on data generated once beforehand, each run in a
 fresh checkpoint folder and timed from its metrics.csv.
 """
 import csv
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -26,7 +28,7 @@ QUICK = dict(train_size=250, train_batch=64, train_epochs=2, skip_epochs=1)
 
 def shared(cfg, ctx):
     """The run's one TrainerRuns for these settings: the data is generated once for every figure."""
-    key = ("trainer_runs",) + tuple(cfg[k] for k in FULL)
+    key = ("trainer_runs", cfg.get("arch", "lenet")) + tuple(cfg[k] for k in FULL)
     return ctx.shared(key, lambda: TrainerRuns(cfg, ctx.scratch))
 
 
@@ -50,27 +52,31 @@ class TrainerRuns:
     def flags(self, ckpt):
         c = self.cfg
         return ["--data-dir", self.data_dir, "--dataset", "synthetic",
-                "--synthetic-size", str(c["train_size"]), "--seed", "0", "--arch", "lenet",
+                "--synthetic-size", str(c["train_size"]), "--seed", "0", "--arch", c.get("arch", "lenet"),
                 "--epochs", str(c["train_epochs"]),
                 "--batch-size", str(c["train_batch"]), "--lr", "0.05", "--checkpoint-dir", ckpt]
 
-    def run(self, kind, pin=None):
-        """kind: main | hvd | hvd2. pin: CPUs the process is confined to (as taskset -c).
+    def run(self, kind, pin=None, env_extra=None, flags=()):
+        """kind: main | hvd | hvd2 | hvd2-mpi | ddp | ddp2. pin: CPUs the process is confined to (as
+        taskset -c). env_extra: more environment (Horovod's knobs); flags: more trainer flags.
         Safe to call from two threads at once (see fig_scaling's ceiling)."""
         with self.lock:
             self.count += 1
             ckpt = os.path.join(self.scratch, f"ckpt-{self.count:03d}-{kind}")
-        script = ["main.py"] if kind == "main" else ["main_horovod.py"]
-        # main.py has no --warmup-epochs (it belongs to the Horovod port); at np=1 the
+        script = {"main": "main.py", "ddp": "main_ddp.py", "ddp2": "main_ddp.py"}.get(kind, "main_horovod.py")
+        # main.py has no --warmup-epochs (it belongs to the ports); at np=1 the
         # warm-up is a no-op anyway (LR scale 1), and it is 0 for np=2 here too.
         extra = [] if kind == "main" else ["--warmup-epochs", "0"]
-        cmd = [sys.executable, *script, *self.flags(ckpt), *extra]
-        if kind == "hvd2":
-            cmd = [os.path.join(self.bin, "horovodrun"), "-np", "2", "--gloo", *cmd]
+        cmd = [sys.executable, script, *self.flags(ckpt), *extra, *flags]
+        if kind.startswith("hvd2"):
+            controller = "--mpi" if kind == "hvd2-mpi" else "--gloo"
+            cmd = [os.path.join(self.bin, "horovodrun"), "-np", "2", controller, *cmd]
+        if kind == "ddp2":
+            cmd = [os.path.join(self.bin, "torchrun"), "--standalone", "--nproc_per_node", "2", *cmd[1:]]
         if pin:  # taskset, not preexec_fn: runs come from two threads at once (preexec_fn is unsafe there)
             cmd = ["taskset", "-c", ",".join(map(str, sorted(pin))), *cmd]
         t0 = time.perf_counter()
-        r = subprocess.run(cmd, cwd=harness.ROOT, env=helpers.env(), capture_output=True, text=True,
+        r = subprocess.run(cmd, cwd=harness.ROOT, env=helpers.env(env_extra), capture_output=True, text=True,
                            timeout=900, stdin=subprocess.DEVNULL)
         wall = time.perf_counter() - t0
         if r.returncode != 0:
@@ -88,4 +94,12 @@ class TrainerRuns:
         return {"train_s": seconds, "images_per_s": images / seconds, "process_wall_s": wall,
                 "epoch_time_s": [float(row["epoch_time_s"]) for row in rows],
                 "world_size": int(rows[-1]["world_size"]), "load_1min_after": os.getloadavg()[0],
-                "command": shown}
+                "profile": profile_ms(r.stdout), "command": shown}
+
+
+def profile_ms(stdout):
+    """--profile-steps' medians, {phase: ms per step}, from the line rank 0 prints; None without it."""
+    m = re.search(r"^(?:\[0\]<stdout>:)?profile: median ms per step over \d+ steps: (.*)$", stdout, re.M)
+    if not m:
+        return None
+    return {name: float(ms) for name, ms in re.findall(r"([a-z-]+) ([0-9.]+)", m.group(1))}

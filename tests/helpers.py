@@ -1,12 +1,13 @@
 """What the tests share: tiny synthetic runs of the real trainers, launchers, and the
 checks several test modules make. conftest.py holds only fixtures.
 
-Every trainer run is a real subprocess (python, horovodrun or mpirun), on the CPU,
+Every trainer run is a real subprocess (python, horovodrun, mpirun or torchrun), on the CPU,
 with LeNet on a few hundred synthetic images, so the suite stays fast on 2 cores.
 benchmarks/ imports `MPI_ENV` and `env` from here too.
 """
 import csv
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -76,6 +77,22 @@ def horovod_cmd(np_, args, launcher="gloo", probe=None, script="main_horovod.py"
 
 def run_horovod(np_, args, launcher="gloo", probe=None, **kw):
     return run(horovod_cmd(np_, args, launcher, probe), **kw)
+
+
+def ddp_cmd(np_, args, probe=None, launcher="torchrun", torchrun_args=("--standalone",)):
+    """main_ddp.py under torchrun (a free port of its own with --standalone), or plain python.
+
+    With probe=DIR, every rank also saves its final model and history to DIR/rank<r>.pt.
+    """
+    entry = ["tests/rank_probe_ddp.py", str(probe)] if probe else ["main_ddp.py"]
+    if launcher == "python":
+        return [PY, *entry, *map(str, args)]
+    return [os.path.join(BIN, "torchrun"), *torchrun_args, "--nproc_per_node", str(np_),
+            *entry, *map(str, args)]
+
+
+def run_ddp(np_, args, probe=None, launcher="torchrun", **kw):
+    return run(ddp_cmd(np_, args, probe, launcher), **kw)
 
 
 def assert_ok(r):
@@ -180,6 +197,18 @@ def wait_until(check, timeout, what, job=None, interval=0.1):
     pytest.fail(f"no {what} after {timeout}s" + (f":\n{job.output()[-4000:]}" if job else ""))
 
 
+def diff_blocks(a, b):
+    """`diff a b` as blocks: (lines taken out of a, lines put in b) per change."""
+    out = subprocess.run(["diff", a, b], cwd=ROOT, capture_output=True, text=True).stdout
+    blocks = []
+    for line in out.splitlines():
+        if re.match(r"^\d", line):
+            blocks.append(([], []))
+        elif line.startswith(("<", ">")):
+            blocks[-1][line.startswith(">")].append(line[2:])
+    return blocks
+
+
 def metrics_rows(ckpt_dir):
     """metrics.csv's rows, or [] while it does not exist yet."""
     try:
@@ -210,8 +239,8 @@ def trainer_pids(script, marker=None, **env_match):
 
 def rank_pids(script, marker=None, **env_match):
     """{rank: pid} of a job's trainer processes, by the rank their launcher gave them
-    (HOROVOD_RANK from horovodrun, OMPI_COMM_WORLD_RANK from mpirun)."""
-    ranks = {pid: e.get("HOROVOD_RANK", e.get("OMPI_COMM_WORLD_RANK"))
+    (HOROVOD_RANK from horovodrun, OMPI_COMM_WORLD_RANK from mpirun, RANK from torchrun)."""
+    ranks = {pid: e.get("HOROVOD_RANK", e.get("OMPI_COMM_WORLD_RANK", e.get("RANK")))
              for pid, e in trainer_pids(script, marker, **env_match).items()}
     return {int(rank): pid for pid, rank in ranks.items() if rank is not None}
 

@@ -93,3 +93,23 @@ def test_resume_says_what_it_continues(saved, capsys):
     args = _args("--checkpoint-dir", str(folder), "--evaluate")
     checkpoints.restore(args, *_fresh(args))
     assert capsys.readouterr().out == ""  # --evaluate resumes nothing
+
+
+def test_restore_says_nothing_where_not_verbose(saved, capsys):
+    folder, _ = saved
+    args = _args("--checkpoint-dir", str(folder), "--epochs", "10", "--resume")
+    assert checkpoints.restore(args, *_fresh(args), verbose=False)["epoch"] == 2
+    assert capsys.readouterr().out == ""
+
+
+def test_unwrap_strips_ddp_and_compile():
+    import torch.distributed as dist
+    model = torch.nn.Linear(2, 2)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        wrapped = torch.nn.parallel.DistributedDataParallel(model)
+        assert checkpoints.unwrap(wrapped) is model
+        assert list(checkpoints.unwrap(wrapped).state_dict()) == ["weight", "bias"]
+    finally:
+        dist.destroy_process_group()
+    assert checkpoints.unwrap(torch.compile(model)) is model

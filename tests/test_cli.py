@@ -102,3 +102,33 @@ def test_sigterm_during_a_save_is_one_line_and_leaves_the_old_file(tmp_path, cap
     assert path.read_bytes() == b"the previous checkpoint"
     assert os.listdir(tmp_path) == ["ckpt.pth"]
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_shared_distributed_flags_mean_the_same_in_both_ports():
+    hvd = cli.parse_args(cli.add_horovod_args(cli.build_parser("")), ["--batches-per-allreduce", "2"])
+    ddp = cli.parse_args(cli.add_ddp_args(cli.build_parser("")), ["--batches-per-allreduce", "2"])
+    shared = ("warmup_epochs", "batches_per_allreduce", "sync_bn")
+    assert {k: getattr(hvd, k) for k in shared} == {k: getattr(ddp, k) for k in shared}
+    assert hvd.fp16_allreduce is False and not hasattr(ddp, "fp16_allreduce")
+    with pytest.raises(UsageError, match="--batches-per-allreduce must be positive"):
+        cli.parse_args(cli.add_ddp_args(cli.build_parser("")), ["--batches-per-allreduce", "0"])
+
+
+def test_peer_failures_are_recognised_by_name_and_message(monkeypatch):
+    gloo = RuntimeError("[/x/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error "
+                        "[127.0.0.1]:46755: Connection reset by peer")
+    assert cli.peer_failed(gloo)
+    assert cli.peer_failed(type("HorovodInternalError", (RuntimeError,), {})("x"))
+    assert cli.peer_failed(type("DistBackendError", (RuntimeError,), {})("x"))
+    assert not cli.peer_failed(RuntimeError("shape mismatch")) and not cli.peer_failed(ValueError("gloo/transport/"))
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    assert cli.torchrun_local() == (1, 3)
+
+
+def test_finish_runs_after_main_and_not_after_an_error(capsys):
+    done = []
+    assert cli.run_cli(lambda argv: None, argv=[], finish=lambda: done.append(1)) == 0 and done == [1]
+    def fail(argv):
+        raise UsageError("bad")
+    assert cli.run_cli(fail, argv=[], finish=lambda: done.append(2)) == 2 and done == [1]

@@ -80,3 +80,19 @@ def test_launcher_binding_and_omp_num_threads_are_kept():
     assert got["process"] == [CORES[0]] and got["threads"] == 1
     got = place([[1, 2]], OMP_NUM_THREADS="1")[0]
     assert got["process"] == CORES and got["threads"] == 1
+
+
+def test_threads_chosen_tells_the_users_setting_from_torchruns(monkeypatch):
+    # torchrun's own OMP_NUM_THREADS=1 (for nproc_per_node > 1) is missing from the environment
+    # it was started with, its workers' parent's; tests/test_main_ddp.py shows it under torchrun.
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    assert not devices.threads_chosen()
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert devices.threads_chosen()  # the user's, without torchrun
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
+    with open(f"/proc/{os.getppid()}/environ", "rb") as f:
+        parent_set_it = any(e.startswith(b"OMP_NUM_THREADS=") for e in f.read().split(b"\0"))
+    assert devices.threads_chosen() == parent_set_it
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert devices.threads_chosen()  # torchrun only ever sets 1

@@ -1,12 +1,11 @@
 """main_horovod.py with real processes: horovodrun (gloo and MPI), mpirun with the hostfile."""
 import os
 import re
-import subprocess
 
 import pytest
 import torch
 
-from helpers import (ROOT, assert_ok, common_args, last_line, load_ckpt, load_ranks, parse_eval, read_metrics,
+from helpers import (ROOT, assert_ok, common_args, diff_blocks, last_line, load_ckpt, load_ranks, parse_eval, read_metrics,
                       run_horovod, run_main)
 
 
@@ -144,18 +143,6 @@ def test_fp16_allreduce_batches_per_allreduce_and_amp(data_dir, tmp_path):
     assert int(float(row["images_per_s"]) * float(row["epoch_time_s"]) + 0.5) == 500
     state = load_ckpt(tmp_path / "ckpt.pth")
     assert state["scaler"]["scale"] > 0, "the GradScaler's state is in the checkpoint"
-
-
-def diff_blocks(a, b):
-    """`diff a b` as blocks: (lines taken out of a, lines put in b) per change."""
-    out = subprocess.run(["diff", a, b], cwd=ROOT, capture_output=True, text=True).stdout
-    blocks = []
-    for line in out.splitlines():
-        if re.match(r"^\d", line):
-            blocks.append(([], []))
-        elif line.startswith(("<", ">")):
-            blocks[-1][line.startswith(">")].append(line[2:])
-    return blocks
 
 
 def test_twin_diff_is_only_the_port():

@@ -274,3 +274,32 @@ def test_gloo_uses_the_named_interface_when_host_names_resolve_to_loopback(clust
             f.write(before)
     assert_ok(r)
     assert_two_hosts(load_ranks(tmp_path, 2), cluster)
+
+
+# ---------------------------------------------------------------------------
+# torchrun across hosts (main_ddp.py)
+
+def test_torchrun_ddp_across_two_hosts_equals_one_host(cluster, reference, data_dir, tmp_path, jobs):
+    # One torchrun per host, as on real machines: they meet at host 1's c10d rendezvous, and
+    # gloo is told the hosts' shared interface. main_ddp.py at np=2 equals main_horovod.py at
+    # np=2 within 1e-6 (tests/test_main_ddp.py), so the Horovod reference serves here too.
+    flags = cluster.vars["CLUSTER_HOROVODRUN_ARGS"]
+    iface = flags[flags.index("--network-interface") + 1]
+    endpoint = f"{cluster.addresses[0]}:{29500 + os.getpid() % 400}"
+    args = common_args(data_dir, tmp_path / "ck", "--stop-at", 2, epochs=EPOCHS)
+    extra = dict(cluster.env, GLOO_SOCKET_IFNAME=iface, **ONE_THREAD)
+    nodes = [jobs(cluster.on(i + 1, [os.path.join(BIN, "torchrun"), "--nnodes", 2, "--node_rank", i,
+                                     "--nproc_per_node", 1, "--rdzv-backend", "c10d",
+                                     "--rdzv-endpoint", endpoint, "--rdzv-id", f"ddp{os.getpid()}",
+                                     os.path.join(ROOT, "tests", "rank_probe_ddp.py"), tmp_path, *args]),
+                  env_extra=extra) for i in range(2)]
+    for node in nodes:
+        assert node.wait(timeout=JOB_TIMEOUT) == 0, node.output()[-4000:]
+    ranks = load_ranks(tmp_path, 2)
+    assert [r["size"] for r in ranks] == [2, 2] and [r["local_size"] for r in ranks] == [1, 1]
+    assert sorted(r["host"] for r in ranks) == [f"{cluster.env['CLUSTER_NAME']}-h{i}" for i in (1, 2)]
+    for r in ranks:
+        for k, v in reference.items():
+            scale = max(v.abs().max().item(), 1e-12)
+            assert (r["model"][k] - v).abs().max().item() <= 1e-6 * scale, f"{k} differs from one host"
+    assert [int(x["epoch"]) for x in read_metrics(tmp_path / "ck")] == [1, 2]
