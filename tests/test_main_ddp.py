@@ -88,8 +88,9 @@ def test_np2_at_batch_b_equals_np1_at_2b_also_with_batches_per_allreduce(data_di
     assert_ok(run_ddp(2, common_args(data_dir, tmp_path / "k2", "--warmup-epochs", 0,
                                      "--batches-per-allreduce", 2, batch=b // 2, lr=lr / 4)))
     one = load_ckpt(tmp_path / "np1" / "ckpt.pth")["model"]
-    assert_close(load_ckpt(tmp_path / "np2" / "ckpt.pth")["model"], one, 1e-5, "np=2: ")
-    assert_close(load_ckpt(tmp_path / "k2" / "ckpt.pth")["model"], one, 1e-5, "k=2: ")
+    # Up to summation order, as in test_main_horovod.py's d2 (1.3e-5 of the scale seen there).
+    assert_close(load_ckpt(tmp_path / "np2" / "ckpt.pth")["model"], one, 5e-5, "np=2: ")
+    assert_close(load_ckpt(tmp_path / "k2" / "ckpt.pth")["model"], one, 5e-5, "k=2: ")
     lrs = [float(read_metrics(tmp_path / d)[-1]["lr"]) for d in ("np1", "np2", "k2")]
     assert lrs == pytest.approx([lrs[0]] * 3), "the LR scaled by size and batches per allreduce"
     # ...and they did move: the comparison is not of two untouched inits.
