@@ -245,6 +245,19 @@ def rank_pids(script, marker=None, **env_match):
     return {int(rank): pid for pid, rank in ranks.items() if rank is not None}
 
 
+def kill_rank_and_wait(job, script, marker, rank=1, within=30):
+    """SIGKILL one rank of a running two-rank job and wait for the whole job to end; fail the
+    test unless it ended within `within` seconds, non-zero, with no rank left. Returns {rank: pid}."""
+    pids = rank_pids(script, marker)
+    assert set(pids) == {0, 1}, pids
+    os.kill(pids[rank], signal.SIGKILL)
+    t_kill = time.monotonic()
+    rc = job.wait(timeout=within)  # fails the test if the job is still running
+    assert time.monotonic() - t_kill < within and rc != 0
+    assert all(is_gone(pid) for pid in pids.values()), "a rank is still running"
+    return pids
+
+
 def is_gone(pid):
     """The process has exited (a zombie waiting for its parent counts)."""
     try:

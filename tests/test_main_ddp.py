@@ -7,16 +7,14 @@ import math
 import os
 import re
 import shutil
-import signal
-import time
 
 import pytest
 import torch
 
 import models
-from helpers import (ROOT, assert_ok, assert_one_line_error, common_args, ddp_cmd, diff_blocks,
-                     is_gone, last_line, load_ckpt, load_ranks, metrics_rows, parse_eval, rank_pids,
-                     read_metrics, run_ddp, run_horovod, run_main, wait_until, without_lr)
+from helpers import (ROOT, UNTIL_ENDED, assert_ok, assert_one_line_error, common_args, ddp_cmd,
+                     diff_blocks, kill_rank_and_wait, last_line, load_ckpt, load_ranks, metrics_rows,
+                     parse_eval, read_metrics, run_ddp, run_horovod, run_main, wait_until, without_lr)
 
 ARGS = ("--warmup-epochs", 1)  # the same flags for main_ddp.py and main_horovod.py
 
@@ -133,15 +131,9 @@ def test_evaluate_is_identical_at_np_1_2_3(ddp2, data_dir):
 
 def test_kill_9_of_one_rank_ends_the_job(data_dir, tmp_path, jobs):
     ck = tmp_path / "ck"
-    job = jobs(ddp_cmd(2, common_args(data_dir, ck, epochs=40)))
+    job = jobs(ddp_cmd(2, common_args(data_dir, ck, epochs=UNTIL_ENDED)))
     wait_until(lambda: len(metrics_rows(ck)) >= 1, 120, "a finished epoch", job)
-    pids = rank_pids("main_ddp.py", str(ck))
-    assert set(pids) == {0, 1}, pids
-    os.kill(pids[1], signal.SIGKILL)
-    t_kill = time.monotonic()
-    rc = job.wait(timeout=30)  # fails the test if the job is still running
-    assert time.monotonic() - t_kill < 30 and rc != 0
-    assert all(is_gone(pid) for pid in pids.values()), "a rank is still running"
+    kill_rank_and_wait(job, "main_ddp.py", str(ck))
     out = job.output()
     assert "[rank0]: Traceback" not in out, out[-3000:]
     assert re.search(r"main_ddp\.py: (error \(rank 0\): stopping because another rank failed|"

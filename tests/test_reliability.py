@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from helpers import (PY, ROOT, UNTIL_ENDED, assert_one_line_error, common_args, env, horovod_cmd,
-                     is_gone, last_line, load_ckpt, metrics_rows, parse_eval, rank_pids, read_metrics,
-                     run_horovod, run_main, wait_until, without_lr)
+                     is_gone, kill_rank_and_wait, last_line, load_ckpt, metrics_rows, parse_eval,
+                     rank_pids, read_metrics, run_horovod, run_main, wait_until, without_lr)
 
 
 @pytest.fixture(scope="module")
@@ -247,14 +247,7 @@ def test_kill_9_of_one_worker_ends_the_job_and_resume_loses_nothing(data_dir, tm
     ck = tmp_path / "ck-killed"
     job = jobs(horovod_cmd(2, common_args(data_dir, ck, "--warmup-epochs", 0, epochs=UNTIL_ENDED)))
     wait_until(lambda: len(metrics_rows(ck)) >= 2, 120, "2 finished epochs", job)
-    pids = rank_pids("main_horovod.py", str(ck))
-    assert set(pids) == {0, 1}, pids
-    os.kill(pids[1], signal.SIGKILL)
-    t_kill = time.monotonic()
-    rc = job.wait(timeout=30)  # fails the test if the job is still running
-    assert time.monotonic() - t_kill < 30
-    assert rc != 0
-    assert all(is_gone(pid) for pid in pids.values()), "a rank is still running"
+    kill_rank_and_wait(job, "main_horovod.py", str(ck))
     done = load_ckpt(ck / "ckpt.pth")["epoch"]
     assert done >= 2
     r = run_horovod(2, common_args(data_dir, ck, "--resume", "--warmup-epochs", 0, "--stop-at", done + 1,
