@@ -1,31 +1,34 @@
-"""Checkpoints: what a run saves, how it is written and read, and where a run starts.
+"""Checkpoints: what a run saves, every save of it, how it is read, and where a run starts.
 
 A checkpoint is one dict holding everything needed to continue: the unwrapped
 model, the optimizer, the LR schedule's state, the GradScaler, the next epoch,
-the best accuracy and the metric history. It is written atomically
-(safeio.atomic_write) and read with `torch.load(weights_only=True)`, which runs
+the best accuracy and the metric history. `save` writes CHECKPOINT_DIR/ckpt.pth at
+the end of every epoch and best.pth at a new best test accuracy, each atomically
+(safeio.atomic_write); it is read with `torch.load(weights_only=True)`, which runs
 no pickled code. pytorch-cifar's checkpoints are read too.
 
 Nothing here talks to other processes: the Horovod ports call `restore` on rank 0 and
 broadcast what it returns, the DDP port calls it on every rank, and `restore` says
-in one line (where `verbose`) what a --resume continues.
+in one line (where `reports`) what a --resume continues.
 """
 import os
 
 import torch
 
 import data
-from cli import RECIPE
 from errors import TrainerError, UsageError
 from layout import contiguous_state
+from recipe import RECIPE
 from safeio import atomic_write
 
 # 2: the LR schedule's state is saved under "schedule" (format 1 called it "scheduler").
 FORMAT = 2
+LAST, BEST = "ckpt.pth", "best.pth"  # in --checkpoint-dir: the last epoch's, the best test accuracy's
 
 
 def checkpoint_path(args):
-    return args.checkpoint or os.path.join(args.checkpoint_dir, "ckpt.pth")
+    """The file --resume and --evaluate read."""
+    return args.checkpoint or os.path.join(args.checkpoint_dir, LAST)
 
 
 def unwrap(model):
@@ -40,13 +43,24 @@ def unwrap(model):
             return model
 
 
-def checkpoint_state(args, model, optimizer, scaler, schedule, next_epoch, best_acc, world_size):
+def checkpoint_state(args, model, optimizer, scaler, schedule, next_epoch, best_acc, world_size,
+                     history):
     """Everything a resume needs; tensors contiguous, so it loads alike under either layout."""
     return {"format": FORMAT, "model": contiguous_state(unwrap(model).state_dict()),
             "optimizer": contiguous_state(optimizer.state_dict()),
             "schedule": schedule.state_dict(), "scaler": scaler.state_dict(), "epoch": next_epoch,
             "best_acc": best_acc, "arch": args.arch, "num_classes": len(data.CLASSES),
-            "world_size": world_size, "args": dict(vars(args))}
+            "world_size": world_size, "args": dict(vars(args)), "history": list(history)}
+
+
+def save(args, state, is_best, reports):
+    """The end of an epoch, on the rank that reports: ckpt.pth, and best.pth when the epoch
+    set a new best test accuracy. Other ranks write nothing."""
+    if not reports:
+        return
+    save_checkpoint(os.path.join(args.checkpoint_dir, LAST), state)
+    if is_best:
+        save_checkpoint(os.path.join(args.checkpoint_dir, BEST), state)
 
 
 def save_checkpoint(path, state):
@@ -108,7 +122,7 @@ def fresh_start(args):
             "history": [], "optimizer_state": False, "scaler": None}
 
 
-def restore(args, model, optimizer, verbose=True):
+def restore(args, model, optimizer, reports=True):
     """Load the checkpoint into model and optimizer; return where to start.
 
     A fresh run starts at epoch 0. `optimizer_state` says whether the optimizer
@@ -145,7 +159,7 @@ def restore(args, model, optimizer, verbose=True):
     if args.resume and args.lr is not None:
         # --resume --lr X: a new cosine from X over the epochs that are left.
         start["schedule"] = {"base_lr": args.lr, "start_epoch": ckpt["epoch"]}
-    if args.resume and verbose:  # one process (rank 0) says what it resumed
+    if args.resume and reports:  # one process says what it resumed
         print(resume_line(path, start, args, ckpt.get("imported", False)), flush=True)
     return start
 
@@ -165,13 +179,13 @@ def resume_line(path, start, args, imported=False):
     return f"resuming {path}{origin} after epoch {done}, best test acc {start['best_acc']:.4f}; {lr}"
 
 
-def preflight(args, writer):
+def preflight(args, reports):
     """Fail before any work on what would fail later. Creates nothing.
 
-    Only the process that reads and writes checkpoints (rank 0) checks them: on
-    several hosts the others may not even see the folder.
+    Only the process that reads and writes checkpoints (the one that reports) checks
+    them: on several hosts the others may not even see the folder.
     """
-    if not writer:
+    if not reports:
         return
     if (args.resume or args.evaluate) and not os.path.isfile(checkpoint_path(args)):
         raise TrainerError(f"no checkpoint at {checkpoint_path(args)}: train without --resume first, "
@@ -185,7 +199,7 @@ def preflight(args, writer):
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
         raise TrainerError(f"cannot write to --checkpoint-dir {args.checkpoint_dir} ({parent} is not a "
                            "writable folder); fix its permissions or choose another folder")
-    existing = os.path.join(d, "ckpt.pth")
+    existing = os.path.join(d, LAST)
     if not args.resume and not args.overwrite and os.path.exists(existing):
         raise UsageError(f"{existing} already exists; pass --resume to continue it, --overwrite to "
                          "replace it, or another --checkpoint-dir")

@@ -1,7 +1,7 @@
-"""What a run shows and leaves behind: progress, per-phase timings, epoch lines,
-metrics.csv, TensorBoard, curves.png, and the checkpoint saves at each epoch's end.
+"""What a run reports: progress, per-phase timings, epoch lines, metrics.csv,
+TensorBoard and curves.png. Checkpoints are saved by checkpoints.py, not here.
 
-Every writer here takes `enabled` (rank 0 is a value): the other ranks build
+Every reporter here takes `reports` (rank 0 is a value): the other ranks build
 the same objects and they do nothing. Nothing here talks to other processes:
 the numbers it shows were reduced before they arrive.
 """
@@ -14,7 +14,6 @@ import time
 
 import torch
 
-from checkpoints import save_checkpoint
 from errors import TrainerError
 from safeio import atomic_write
 
@@ -27,13 +26,13 @@ class Progress:
     mpirun and horovodrun pipes) a redrawn bar would be a flood of carriage
     returns, so each log interval prints one plain line instead."""
 
-    def __init__(self, enabled):
-        self.enabled = enabled
+    def __init__(self, reports):
+        self.reports = reports
         self.tty = sys.stderr.isatty()
 
     def bar(self, total, desc):
         from tqdm import tqdm
-        return tqdm(total=total, desc=desc, disable=not (self.enabled and self.tty), leave=False,
+        return tqdm(total=total, desc=desc, disable=not (self.reports and self.tty), leave=False,
                     dynamic_ncols=True, file=sys.stderr)
 
     def interval(self, bar, desc, step, total, **values):
@@ -41,11 +40,11 @@ class Progress:
         text = {k: f"{v:.4g}" for k, v in values.items()}
         if self.tty:
             bar.set_postfix(text)
-        elif self.enabled:
+        elif self.reports:
             print(f"{desc} [{step}/{total}] " + " ".join(f"{k} {v}" for k, v in text.items()), flush=True)
 
     def write(self, line):
-        if self.enabled:
+        if self.reports:
             print(line, flush=True)
 
 
@@ -93,43 +92,48 @@ class PhaseTimer:
 
 
 class RunLog:
-    """Everything a run leaves behind. Only the process with enabled=True writes."""
+    """The epoch lines, metrics.csv, TensorBoard and curves.png of a run. Only the process
+    with reports=True writes; every process keeps the history."""
 
-    def __init__(self, args, enabled, world_size, history, purge_step=None):
-        self.args, self.enabled, self.world_size = args, enabled, world_size
+    def __init__(self, args, reports, world_size, history, first_epoch=0):
+        """first_epoch: the 0-based epoch this run starts at; TensorBoard drops the events
+        a crashed run wrote after it."""
+        self.args, self.reports, self.world_size = args, reports, world_size
         self.history = list(history)
         self.dir = args.checkpoint_dir
-        self.writer = None
-        if enabled:
+        self._tb = None
+        if reports:
             try:
                 os.makedirs(self.dir, exist_ok=True)
             except OSError as e:
                 raise TrainerError(f"cannot create --checkpoint-dir {self.dir} ({e.strerror or e}); "
                                    "choose another folder") from e
             from torch.utils.tensorboard import SummaryWriter  # lazy: heavy import
-            self.writer = SummaryWriter(os.path.join(self.dir, "tb"), purge_step=purge_step)
+            self._tb = SummaryWriter(os.path.join(self.dir, "tb"), purge_step=first_epoch + 1)
 
-    def epoch_end(self, epoch, train, test, seconds, state, is_best):
+    def add(self, epoch, train, test, seconds):
+        """Print the epoch's line and add its row; returns the history, for the checkpoint."""
         row = {"epoch": epoch + 1, "lr": train["lr"], "train_loss": train["loss"], "train_acc": train["acc"],
                "test_loss": test["loss"], "test_acc": test["acc"], "epoch_time_s": seconds,
                "images_per_s": train["images"] / max(seconds, 1e-9), "world_size": self.world_size}
         self.history.append(row)
-        if not self.enabled:
+        if self.reports:
+            print(f"epoch {epoch + 1}/{self.args.epochs}  lr {row['lr']:.4g}  "
+                  f"train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f}  "
+                  f"test loss {row['test_loss']:.4f} acc {row['test_acc']:.4f}  "
+                  f"{seconds:.1f}s {row['images_per_s']:.0f} img/s  world {self.world_size}", flush=True)
+        return list(self.history)
+
+    def write(self):
+        """metrics.csv and TensorBoard up to the last row. Called after the epoch's checkpoint
+        is saved: a crash in between loses no row, and a resume rewrites the file from it."""
+        if not self.reports:
             return
-        print(f"epoch {epoch + 1}/{self.args.epochs}  lr {row['lr']:.4g}  "
-              f"train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f}  "
-              f"test loss {row['test_loss']:.4f} acc {row['test_acc']:.4f}  "
-              f"{seconds:.1f}s {row['images_per_s']:.0f} img/s  world {self.world_size}", flush=True)
-        state = dict(state, history=self.history)
-        # The checkpoint first, then metrics.csv from the same history: a crash in
-        # between loses no row, and a resume rewrites the file from the checkpoint.
-        save_checkpoint(os.path.join(self.dir, "ckpt.pth"), state)
-        if is_best:
-            save_checkpoint(os.path.join(self.dir, "best.pth"), state)
         self.write_csv()
+        row = self.history[-1]
         for k in ("lr", "train_loss", "train_acc", "test_loss", "test_acc", "images_per_s"):
-            self.writer.add_scalar(k, row[k], epoch + 1)
-        self.writer.flush()
+            self._tb.add_scalar(k, row[k], row["epoch"])
+        self._tb.flush()
 
     def write_csv(self):
         def write(f):
@@ -140,11 +144,14 @@ class RunLog:
             f.write(text.getvalue().encode())
         atomic_write(os.path.join(self.dir, "metrics.csv"), write)
 
-    def close(self):
-        if not self.enabled:
+    def close(self, curves=True):
+        """End the run's reporting; curves=False ends it without drawing curves.png (an
+        elastic world that is replaced)."""
+        if self._tb is None:
             return
-        self.writer.close()
-        if self.history:
+        self._tb.close()
+        self._tb = None
+        if curves and self.history:
             plot_curves(self.history, os.path.join(self.dir, "curves.png"))
 
 
@@ -177,3 +184,8 @@ def plot_curves(history, path):
 def evaluation_line(test):
     """The last line of --evaluate, for scripts: accuracy as a fraction."""
     return f"test_loss={test['loss']:.6f} test_acc={test['acc']:.6f} images={test['images']}"
+
+
+def report_evaluation(test, reports):
+    """--evaluate's result, printed by the rank that reports."""
+    Progress(reports).write(evaluation_line(test))

@@ -2,32 +2,17 @@
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
 import devices
-from helpers import ROOT
-
-PLACEMENT_PROBE = """
-import json, os, sys, threading, torch, devices
-early = threading.Event()
-t = threading.Thread(target=early.wait, daemon=True)  # a thread that exists before the calls
-t.start()
-states = []
-for local_rank, local_size in json.loads(sys.argv[1]):
-    devices.pick_device(local_rank, local_size)
-    states.append({"process": sorted(os.sched_getaffinity(0)), "early": sorted(os.sched_getaffinity(t.native_id)),
-                   "threads": torch.get_num_threads()})
-print(json.dumps(states))
-"""
-
+from helpers import ROOT, probe_cmd
 
 def place(calls, prefix=(), **env):
-    """The placement after each pick_device(local_rank, local_size) call, in one new process."""
+    """The placement after each share_cores(cpu, local_rank, local_size) call, in one new process."""
     full_env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     full_env.update(env)
-    r = subprocess.run([*prefix, sys.executable, "-c", PLACEMENT_PROBE, json.dumps(calls)], cwd=ROOT,
+    r = subprocess.run([*prefix, *probe_cmd("placement", json.dumps(calls))], cwd=ROOT,
                        env=full_env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)

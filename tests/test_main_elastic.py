@@ -16,11 +16,9 @@ import contextlib
 import os
 import signal
 
-import pytest
-import torch
 
-from helpers import (BIN, PY, ROOT, UNTIL_ENDED, common_args, is_gone, load_ckpt, metrics_rows, rank_pids,
-                     read_metrics, run_horovod, trainer_pids, wait_until, without_lr)
+from helpers import (BIN, PY, ROOT, UNTIL_ENDED, assert_states_equal, common_args, is_gone, load_ckpt,
+                     metrics_rows, rank_pids, read_metrics, run_horovod, trainer_pids, wait_until, without_lr)
 
 DISCOVER = os.path.join(ROOT, "scripts", "discover_hosts.sh")
 EPOCHS = 6
@@ -130,11 +128,10 @@ def test_e3_fixed_world_matches_main_horovod(data_dir, tmp_path, jobs):
     assert r.returncode == 0, r.stderr[-3000:]
     mine, ref = load_ckpt(el / "ckpt.pth"), load_ckpt(tmp_path / "hv" / "ckpt.pth")
     assert mine.keys() == ref.keys()  # the same checkpoint format: main.py and main_horovod.py resume it
-    for k in ref["model"]:
-        assert torch.equal(mine["model"][k], ref["model"][k]), k
+    assert_states_equal(mine["model"], ref["model"], "main_elastic.py and main_horovod.py")
     assert mine["optimizer"]["state"].keys() == ref["optimizer"]["state"].keys()
     for i, s in ref["optimizer"]["state"].items():  # the fresh optimizer's sync left no trace
-        assert torch.equal(mine["optimizer"]["state"][i]["momentum_buffer"], s["momentum_buffer"])
+        assert_states_equal(mine["optimizer"]["state"][i], s, f"momentum of parameter {i}")
     assert mine["schedule"] == ref["schedule"]
     rows = read_metrics(el)
     assert [(r["epoch"], r["world_size"]) for r in rows] == [("1", "2"), ("2", "2")]

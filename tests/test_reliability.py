@@ -3,15 +3,15 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
-from helpers import (PY, ROOT, UNTIL_ENDED, assert_one_line_error, common_args, env, horovod_cmd,
-                     is_gone, kill_rank_and_wait, last_line, load_ckpt, metrics_rows, parse_eval,
-                     rank_pids, read_metrics, run_horovod, run_main, wait_until, without_lr)
+from helpers import (ROOT, UNTIL_ENDED, assert_one_line_error, assert_states_equal, common_args,
+                     env, horovod_cmd, is_gone, kill_rank_and_wait, last_line, load_ckpt,
+                     metrics_rows, parse_eval, probe_cmd, rank_pids, read_metrics, run_horovod,
+                     run_main, wait_until, without_lr)
 
 
 @pytest.fixture(scope="module")
@@ -163,12 +163,7 @@ def test_error_on_one_rank_ends_all_ranks(run2, data_dir, tmp_path):
 def test_killed_writer_leaves_the_previous_checkpoint(run2, tmp_path):
     ck = fresh_copy(run2, tmp_path / "ck")
     before = (ck / "ckpt.pth").read_bytes()
-    code = ("import os, signal, safeio\n"
-            "def write(f):\n"
-            "    f.write(b'half a checkpoint' * 1000); f.flush()\n"
-            "    os.kill(os.getpid(), signal.SIGKILL)\n"
-            f"safeio.atomic_write({str(ck / 'ckpt.pth')!r}, write)\n")
-    r = subprocess.run([PY, "-c", code], cwd=ROOT, env=env())
+    r = subprocess.run(probe_cmd("killed_writer", ck / "ckpt.pth"), cwd=ROOT, env=env())
     assert r.returncode == -signal.SIGKILL
     assert (ck / "ckpt.pth").read_bytes() == before
     assert load_ckpt(ck / "ckpt.pth")["epoch"] == 2
@@ -216,10 +211,6 @@ def test_pytorch_cifar_checkpoint_evaluates_and_resumes(run2, data_dir, tmp_path
 # ---------------------------------------------------------------------------
 # 4. Exact resume
 
-def _same_weights(a, b):
-    return all(torch.equal(a[k], b[k]) for k in a) and a.keys() == b.keys()
-
-
 def _columns(rows):
     return [(r["epoch"], r["lr"], r["train_loss"], r["train_acc"], r["test_loss"], r["test_acc"]) for r in rows]
 
@@ -236,7 +227,8 @@ def test_stopped_and_resumed_equals_uninterrupted(data_dir, tmp_path, np_):
     i = resume.index("--lr")
     del resume[i:i + 2]  # no --lr: continue the saved schedule
     assert launch(resume).returncode == 0
-    assert _same_weights(load_ckpt(full / "ckpt.pth")["model"], load_ckpt(part / "ckpt.pth")["model"])
+    assert_states_equal(load_ckpt(full / "ckpt.pth")["model"], load_ckpt(part / "ckpt.pth")["model"],
+                        "the resumed and the uninterrupted run")
     assert _columns(read_metrics(full)) == _columns(read_metrics(part))
 
 

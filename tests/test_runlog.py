@@ -2,8 +2,6 @@
 import argparse
 import os
 
-import torch
-
 import runlog
 
 
@@ -14,28 +12,36 @@ def _args(folder):
 ROW = ({"loss": 1.5, "acc": 0.4, "images": 100, "lr": 0.1}, {"loss": 1.2, "acc": 0.5, "images": 20})
 
 
-def test_only_the_enabled_process_writes(tmp_path):
+def test_only_the_process_that_reports_writes(tmp_path):
     quiet = runlog.RunLog(_args(tmp_path / "quiet"), False, 2, [])
-    quiet.epoch_end(0, *ROW, 2.0, {"model": {}}, True)
+    quiet.add(0, *ROW, 2.0)
+    quiet.write()
     quiet.close()
     assert not (tmp_path / "quiet").exists()
     assert quiet.history[0]["epoch"] == 1  # it keeps the history all the same
 
 
-def test_epoch_end_saves_then_rewrites_metrics_from_the_history(tmp_path, capsys):
+def test_metrics_are_rewritten_from_the_whole_history(tmp_path, capsys):
     log = runlog.RunLog(_args(tmp_path), True, 2, [{"epoch": 1, "lr": 0.2, "train_loss": 2.0,
                                                     "train_acc": 0.1, "test_loss": 2.0, "test_acc": 0.1,
                                                     "epoch_time_s": 1.0, "images_per_s": 50.0,
-                                                    "world_size": 2}], purge_step=2)
-    log.epoch_end(1, *ROW, 2.0, {"model": {"w": torch.ones(1)}}, True)
+                                                    "world_size": 2}], first_epoch=1)
+    history = log.add(1, *ROW, 2.0)
+    assert [r["epoch"] for r in history] == [1, 2] and "epoch 2/3" in capsys.readouterr().out
+    assert not (tmp_path / "metrics.csv").exists(), "add() prints; write() writes"
+    log.write()
     log.close()
     rows = open(tmp_path / "metrics.csv").read().splitlines()
     assert rows[0] == ",".join(runlog.METRICS_COLUMNS) and [r.split(",")[0] for r in rows[1:]] == ["1", "2"]
-    saved = torch.load(tmp_path / "ckpt.pth", weights_only=True)
-    assert [r["epoch"] for r in saved["history"]] == [1, 2]
-    assert os.path.getsize(tmp_path / "best.pth") > 0 and os.path.getsize(tmp_path / "curves.png") > 0
-    assert "epoch 2/3" in capsys.readouterr().out
-    assert sorted(os.listdir(tmp_path)) == ["best.pth", "ckpt.pth", "curves.png", "metrics.csv", "tb"]
+    assert os.path.getsize(tmp_path / "curves.png") > 0
+    assert sorted(os.listdir(tmp_path)) == ["curves.png", "metrics.csv", "tb"], "no checkpoint: runlog only reports"
+
+
+def test_close_without_curves(tmp_path):
+    log = runlog.RunLog(_args(tmp_path), True, 1, [])
+    log.add(0, *ROW, 2.0)
+    log.close(curves=False)
+    assert not (tmp_path / "curves.png").exists()
 
 
 def test_phase_timer_times_only_the_first_steps():

@@ -1,0 +1,96 @@
+"""The process side of a run: where a launcher put this process, and how it ends.
+
+Before any init, a launcher's environment variables are all a process knows of its
+rank (`launcher_rank`) and of the other processes on its host (`torchrun_local`).
+`run_cli` runs a trainer's main() and turns its ends into one line and an exit status:
+a TrainerError, a peer rank's failure (Horovod's and torch.distributed's exceptions,
+recognised by name), Ctrl-C, and SIGTERM, which schedulers send on pre-emption and at
+time limits and launchers when they end a job. Nothing here imports Horovod or
+torch.distributed, parses flags, or trains.
+"""
+import os
+import signal
+import sys
+
+from errors import TrainerError, UsageError
+
+# Environment variables in which launchers give a process its rank before any init
+# (horovodrun, mpirun, other MPIs, torchrun).
+LAUNCHER_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK")
+
+
+
+def launcher_rank():
+    """This process's rank as its launcher set it, known before any init (0 without one)."""
+    for var in LAUNCHER_RANK_VARS:
+        if var in os.environ:
+            return int(os.environ[var])
+    return 0
+
+
+def torchrun_local():
+    """(local rank, local size) as torchrun gives them; (0, 1) without torchrun."""
+    return int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+
+
+def peer_failed(e):
+    """Whether `e` is how a collective fails when another rank has failed or died:
+    Horovod's HorovodInternalError, torch.distributed's backend errors, or gloo's
+    transport error (a RuntimeError naming gloo's transport). Matched by name: neither
+    library is imported here."""
+    if type(e).__name__ in ("HorovodInternalError", "DistBackendError", "DistNetworkError"):
+        return True
+    return isinstance(e, RuntimeError) and "gloo/transport/" in str(e)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread as Ctrl-C raises KeyboardInterrupt: schedulers
+    send it on pre-emption and at time limits, launchers when they end a job. Not an
+    Exception, so no `except Exception` swallows it, and atomic writes on the way out
+    remove their temporaries."""
+
+
+def _raise_terminated(signum, frame):
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise Terminated()
+
+
+def run_cli(main, argv=None, finish=None):
+    """Run main(), then finish() if given and main() returned; turn a TrainerError, Ctrl-C or
+    SIGTERM into one line on stderr and an exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    prog = os.path.basename(sys.argv[0] or "main.py")
+    launched = any(v in os.environ for v in LAUNCHER_RANK_VARS)
+    where = f" (rank {launcher_rank()})" if launched else ""
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        try:
+            main(argv)
+            if finish:
+                finish()
+        finally:  # SIGTERM as it was, so that none interrupts the one-line exits below
+            signal.signal(signal.SIGTERM, previous)
+        return 0
+    except TrainerError as e:
+        if "--debug" in argv:
+            raise
+        # Every rank hits a usage error alike, so rank 0 alone says it. Other
+        # errors may be one rank's alone, so each says which rank it is.
+        if not isinstance(e, UsageError):
+            print(f"{prog}: error{where}: {e}", file=sys.stderr, flush=True)
+        elif launcher_rank() == 0:
+            print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+    except Exception as e:
+        # The surviving ranks' collectives fail when another rank failed or died;
+        # that rank has said why.
+        if not peer_failed(e) or "--debug" in argv:
+            raise
+        print(f"{prog}: error{where}: stopping because another rank failed or exited "
+              "(its error is above)", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (128 + 15, as the shell reports it)
+        how, code = (" by SIGTERM", 143) if isinstance(e, Terminated) else ("", 130)
+        print(f"{prog}: interrupted{where}{how}; the last finished epoch is in the checkpoint",
+              file=sys.stderr, flush=True)
+        return code
