@@ -6,7 +6,7 @@
 Each setting runs `horovodrun -np 2` (gloo unless it says MPI) with trainer_runs' flags,
 alternating with the defaults (A B, B A, ...), and prints images/s per repeat and the
 median ratio to the defaults; DDP (torchrun) runs alongside as the yardstick. The
-findings are in docs/HOROVOD_TUNING.md. Not a figure: run.py does not list it.
+findings are in docs/PERFORMANCE.md. Not a figure: run.py does not list it.
 """
 import argparse
 import os

@@ -141,7 +141,7 @@ def test_ddp_figures_run_tiny(tmp_path):
 
 def test_gpu_figures_refuse_without_a_gpu_in_one_line():
     if torch.cuda.is_available():
-        pytest.skip("a GPU is here: benchmarks/gpu.py would run")
+        pytest.skip("a GPU is here: benchmarks.gpu would run")
     r = subprocess.run([sys.executable, "-m", "benchmarks.gpu"], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "no CUDA GPU" in r.stderr

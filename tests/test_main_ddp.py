@@ -1,6 +1,6 @@
 """main_ddp.py with real processes: torchrun (gloo), beside main_horovod.py and main.py.
 
-Every DDP run is a real `torchrun --standalone` job on the CPU with LeNet on the session's
+Every DDP run is a real `torchrun --standalone` job on the CPU with LeNet on the test run's
 500 synthetic images; the module takes about two minutes on 2 idle cores.
 """
 import math
