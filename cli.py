@@ -60,6 +60,9 @@ def build_parser(doc):
       help="file that --resume and --evaluate read (default: CHECKPOINT_DIR/ckpt.pth); "
            "pytorch-cifar checkpoints are accepted too")
     a("-r", "--resume", action="store_true", help="continue from the checkpoint")
+    a("--auto-resume", action="store_true",
+      help="continue from CHECKPOINT_DIR/ckpt.pth when it exists, else start fresh: one command "
+           "for a job's first run and its restarts (a requeued Slurm job)")
     a("--overwrite", action="store_true",
       help="start fresh even though CHECKPOINT_DIR holds a checkpoint (replaced at the first save)")
     a("--evaluate", action="store_true", help="evaluate the checkpoint on the test set and exit")
@@ -81,6 +84,10 @@ def build_parser(doc):
     a("--profile-steps", type=int, default=0, metavar="N",
       help="time forward, backward, allreduce wait and optimizer step over the first N steps "
            "and print the medians from rank 0; adds device syncs, so off by default")
+    a("--stop-signal", choices=("USR1", "USR2"), default=None,
+      help="also stop cleanly on this signal, as on SIGTERM: every rank ends with one line, the "
+           "last finished epoch in the checkpoint, exit status 128 + the signal's number "
+           "(Slurm: sbatch --signal=USR2@120, or scancel -s USR2)")
     a("--debug", action="store_true", help="show full tracebacks on errors")
     return p
 
@@ -152,10 +159,10 @@ def parse_args(parser, argv=None):
     if args.compile in ("reduce-overhead", "max-autotune") and not torch.cuda.is_available():
         raise UsageError(f"--compile {args.compile} captures CUDA graphs and needs CUDA; on the CPU "
                          "use --compile (default mode) or --compile max-autotune-no-cudagraphs")
-    if args.resume and args.evaluate:
+    if (args.resume or args.auto_resume) and args.evaluate:
         raise UsageError("--resume and --evaluate do not go together: --evaluate reads the checkpoint on its own")
-    if args.resume and args.overwrite:
-        raise UsageError("--resume and --overwrite do not go together: pick one")
+    if sum((args.resume, args.auto_resume, args.overwrite)) > 1:
+        raise UsageError("--resume, --auto-resume and --overwrite do not go together: pick one")
     if getattr(parser, "elastic", False):
         if args.evaluate:
             raise UsageError("main_elastic.py only trains; evaluate with main.py --evaluate")

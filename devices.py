@@ -9,13 +9,34 @@ import os
 
 import torch
 
+from errors import UsageError
+
 
 def pick_device(local_rank=0, local_size=1):
-    """The GPU numbered local_rank, or the CPU."""
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    return torch.device("cpu")
+    """This process's GPU (gpu_index), or the CPU where there is none."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    index = gpu_index(local_rank, local_size, torch.cuda.device_count())
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def gpu_index(local_rank, local_size, visible):
+    """Which of the `visible` GPUs local rank `local_rank` of `local_size` takes.
+
+    With a GPU for every local process, its own. With one visible GPU, that one: a launcher
+    or container that gives each process its own GPU shows it as device 0 (Slurm's
+    --gpus-per-task=1 or --gpu-bind, CUDA_VISIBLE_DEVICES set per process). Fewer GPUs than
+    processes, but more than one, is a one-line error: two processes would share a GPU."""
+    if visible >= local_size:
+        return local_rank
+    if visible == 1:
+        return 0
+    shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+    raise UsageError(f"{local_size} processes on this host, but {visible} GPUs visible to each"
+                     + (f" (CUDA_VISIBLE_DEVICES={shown})" if shown is not None else "")
+                     + f"; start at most {visible} processes per host, or give each its own GPU "
+                       "(e.g. srun --gpus-per-task=1)")
 
 
 def starting_cores():

@@ -4,9 +4,9 @@ Before any init, a launcher's environment variables are all a process knows of i
 rank (`launcher_rank`) and of the other processes on its host (`torchrun_local`).
 `run_cli` runs a trainer's main() and turns its ends into one line and an exit status:
 a TrainerError, a peer rank's failure (Horovod's and torch.distributed's exceptions,
-recognised by name), Ctrl-C, and SIGTERM, which schedulers send on pre-emption and at
-time limits and launchers when they end a job. Nothing here imports Horovod or
-torch.distributed, parses flags, or trains.
+recognised by name), Ctrl-C, and the stop signals: SIGTERM, which schedulers send on
+pre-emption and at time limits and launchers when they end a job, and the user signal
+`stop_on` adds. Nothing here imports Horovod or torch.distributed, parses flags, or trains.
 """
 import os
 import signal
@@ -14,10 +14,17 @@ import sys
 
 from errors import TrainerError, UsageError
 
-# Environment variables in which launchers give a process its rank before any init
-# (horovodrun, mpirun, other MPIs, torchrun).
-LAUNCHER_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK")
+# Where launchers give a process its rank before any init, in the order they are read:
+# horovodrun; Open MPI's mpirun; PMIx (srun --mpi=pmix, which sets no OMPI_ variable); other
+# MPIs; torchrun; and Slurm's task id last, because mpirun inside an allocation is one Slurm
+# task per node (SLURM_PROCID is 0 for every rank of a node) and srun torchrun is one per node.
+LAUNCHER_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "RANK",
+                      "SLURM_PROCID")
 
+
+def launched():
+    """Whether a launcher started this process (it set one of LAUNCHER_RANK_VARS)."""
+    return any(var in os.environ for var in LAUNCHER_RANK_VARS)
 
 
 def launcher_rank():
@@ -43,16 +50,32 @@ def peer_failed(e):
     return isinstance(e, RuntimeError) and "gloo/transport/" in str(e)
 
 
+# The signals that stop a run cleanly: SIGTERM always (schedulers send it on pre-emption and
+# at time limits, launchers when they end a job), and a user signal where --stop-signal names
+# one (Slurm's --signal and `scancel -s`; USR2 is free where NCCL may use USR1 itself).
+STOP_SIGNALS = ("TERM", "USR1", "USR2")
+
+
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread as Ctrl-C raises KeyboardInterrupt: schedulers
-    send it on pre-emption and at time limits, launchers when they end a job. Not an
+    """A stop signal, raised in the main thread as Ctrl-C raises KeyboardInterrupt. Not an
     Exception, so no `except Exception` swallows it, and atomic writes on the way out
     remove their temporaries."""
 
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
 
 def _raise_terminated(signum, frame):
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
-    raise Terminated()
+    signal.signal(signum, signal.SIG_DFL)  # the same signal again ends the process at once
+    raise Terminated(signum)
+
+
+def stop_on(name):
+    """Also stop cleanly on SIG<name> (USR1 or USR2), as on SIGTERM; None adds nothing.
+    Call it from main(), inside run_cli, which puts the handlers back when main ends."""
+    if name:
+        signal.signal(getattr(signal, f"SIG{name}"), _raise_terminated)
 
 
 def run_cli(main, argv=None, finish=None):
@@ -60,16 +83,18 @@ def run_cli(main, argv=None, finish=None):
     SIGTERM into one line on stderr and an exit status."""
     argv = sys.argv[1:] if argv is None else argv
     prog = os.path.basename(sys.argv[0] or "main.py")
-    launched = any(v in os.environ for v in LAUNCHER_RANK_VARS)
-    where = f" (rank {launcher_rank()})" if launched else ""
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    where = f" (rank {launcher_rank()})" if launched() else ""
+    stops = [getattr(signal, f"SIG{name}") for name in STOP_SIGNALS]
+    previous = {signum: signal.getsignal(signum) for signum in stops}
+    signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         try:
             main(argv)
             if finish:
                 finish()
-        finally:  # SIGTERM as it was, so that none interrupts the one-line exits below
-            signal.signal(signal.SIGTERM, previous)
+        finally:  # the handlers as they were, so that no signal interrupts the one-line exits below
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
         return 0
     except TrainerError as e:
         if "--debug" in argv:
@@ -89,8 +114,9 @@ def run_cli(main, argv=None, finish=None):
         print(f"{prog}: error{where}: stopping because another rank failed or exited "
               "(its error is above)", file=sys.stderr, flush=True)
         return 1
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (128 + 15, as the shell reports it)
-        how, code = (" by SIGTERM", 143) if isinstance(e, Terminated) else ("", 130)
+    except KeyboardInterrupt as e:  # Ctrl-C, or a stop signal (128 + its number, as shells report it)
+        signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
+        how = f" by {signal.Signals(signum).name}" if isinstance(e, Terminated) else ""
         print(f"{prog}: interrupted{where}{how}; the last finished epoch is in the checkpoint",
               file=sys.stderr, flush=True)
-        return code
+        return 128 + signum

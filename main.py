@@ -24,6 +24,7 @@ import utils
 
 def main(argv=None):
     args = cli.parse_args(cli.build_parser(__doc__), argv)
+    launch.stop_on(args.stop_signal)  # a scheduler's warning signal, as SIGTERM
     device = devices.pick_device()
     devices.share_cores(device)
     port = utils.Port()  # one process: rank 0 of 1, its metric sums its own

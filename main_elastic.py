@@ -36,6 +36,7 @@ from main_horovod import distributed_optimizer
 
 def main(argv=None):
     args = cli.parse_args(cli.add_elastic_args(cli.build_parser(__doc__)), argv)
+    launch.stop_on(args.stop_signal)  # a scheduler's warning signal, as SIGTERM
     hvd.init()
     device = devices.pick_device(hvd.local_rank(), hvd.local_size())
     world = World(args, device)  # shares the cores, now and after every change of the world

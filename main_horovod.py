@@ -26,6 +26,7 @@ import utils
 
 def main(argv=None):
     args = cli.parse_args(cli.add_horovod_args(cli.build_parser(__doc__)), argv)  # Horovod: flags
+    launch.stop_on(args.stop_signal)  # a scheduler's warning signal, as SIGTERM
     hvd.init()  # Horovod: join the job; rank and size are plain values from here on
     device = devices.pick_device(hvd.local_rank(), hvd.local_size())  # one GPU per process,
     devices.share_cores(device, hvd.local_rank(), hvd.local_size())  # or a share of the cores

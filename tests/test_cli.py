@@ -21,6 +21,9 @@ def test_defaults_come_from_the_recipe():
     (["--stop-at", "9", "--epochs", "3"], "--stop-at must be between 1 and --epochs 3"),
     (["--arch", "resnet9000"], "unknown --arch"),
     (["--resume", "--overwrite"], "pick one"),
+    (["--auto-resume", "--resume"], "pick one"),
+    (["--auto-resume", "--evaluate"], "do not go together"),
+    (["--stop-signal", "HUP"], "invalid choice"),
     (["--batch-size", "x"], "invalid int value"),
 ])
 def test_bad_flags_are_usage_errors(argv, needle):

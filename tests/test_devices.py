@@ -4,8 +4,10 @@ import os
 import subprocess
 
 import pytest
+import torch
 
 import devices
+from errors import UsageError
 from helpers import ROOT, probe_cmd
 
 def place(calls, prefix=(), **env):
@@ -81,3 +83,24 @@ def test_threads_chosen_tells_the_users_setting_from_torchruns(monkeypatch):
     assert devices.threads_chosen() == parent_set_it
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert devices.threads_chosen()  # torchrun only ever sets 1
+
+
+@pytest.mark.parametrize("local_rank, local_size, visible, want", [
+    (0, 1, 1, 0), (3, 4, 4, 3), (3, 4, 8, 3),  # a GPU for every process: its own
+    (1, 2, 1, 0), (5, 8, 1, 0),  # one GPU shown to each process (srun --gpus-per-task=1)
+])
+def test_gpu_by_local_rank_and_visible_devices(local_rank, local_size, visible, want):
+    assert devices.gpu_index(local_rank, local_size, visible) == want
+
+
+def test_fewer_gpus_than_local_processes_is_one_line(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    with pytest.raises(UsageError, match=r"^4 processes on this host, but 2 GPUs visible to each "
+                                         r"\(CUDA_VISIBLE_DEVICES=0,1\); start at most 2 processes"):
+        devices.gpu_index(3, 4, 2)
+
+
+def test_share_cores_leaves_a_gpu_process_alone():
+    before = (os.sched_getaffinity(0), torch.get_num_threads())
+    devices.share_cores(torch.device("cuda", 0), 1, 2)
+    assert (os.sched_getaffinity(0), torch.get_num_threads()) == before

@@ -66,3 +66,44 @@ def test_finish_runs_after_main_and_not_after_an_error(capsys):
     def fail(argv):
         raise UsageError("bad")
     assert launch.run_cli(fail, argv=[], finish=lambda: done.append(2)) == 2 and done == [1]
+
+
+def _only(monkeypatch, **env):
+    for var in launch.LAUNCHER_RANK_VARS:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+
+
+def test_launcher_rank_in_the_order_slurm_needs(monkeypatch):
+    _only(monkeypatch, PMIX_RANK="3", SLURM_PROCID="3")  # srun --mpi=pmix: no OMPI_ variables
+    assert launch.launcher_rank() == 3
+    _only(monkeypatch, OMPI_COMM_WORLD_RANK="1", PMIX_RANK="1", SLURM_PROCID="0")  # mpirun in sbatch
+    assert launch.launcher_rank() == 1
+    _only(monkeypatch, RANK="5", SLURM_PROCID="1")  # srun torchrun: one Slurm task per node
+    assert launch.launcher_rank() == 5
+    _only(monkeypatch, SLURM_PROCID="2")  # srun of a plain script
+    assert launch.launcher_rank() == 2 and launch.launched()
+    _only(monkeypatch)
+    assert launch.launcher_rank() == 0 and not launch.launched()
+
+
+def test_the_stop_signal_ends_with_one_line_and_its_status(capsys, monkeypatch):
+    """--stop-signal USR2: a real SIGUSR2 ends main() as SIGTERM does, exit 128 + 12, one line;
+    afterwards every stop signal's handler is as it was."""
+    _only(monkeypatch, SLURM_PROCID="1")
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)}
+
+    def main(argv):
+        launch.stop_on("USR2")
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(5)  # the handler raises here, at once
+
+    t0 = time.monotonic()
+    assert launch.run_cli(main, argv=[]) == 128 + signal.SIGUSR2 and time.monotonic() - t0 < 4
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith(
+        ": interrupted (rank 1) by SIGUSR2; the last finished epoch is in the checkpoint"), err
+    assert {s: signal.getsignal(s) for s in before} == before
+    launch.stop_on(None)  # nothing to add
+    assert {s: signal.getsignal(s) for s in before} == before

@@ -79,7 +79,7 @@ def test_np2_at_batch_b_equals_np1_at_2b_also_with_batches_per_allreduce(data_di
     assert_ok(run_ddp(2, common_args(data_dir, tmp_path / "k2", "--warmup-epochs", 0,
                                      "--batches-per-allreduce", 2, batch=b // 2, lr=lr / 4)))
     one = load_ckpt(tmp_path / "np1" / "ckpt.pth")["model"]
-    # Up to summation order, as in test_main_horovod.py's d2 (1.3e-5 of the scale seen there).
+    # Up to summation order, as in test_main_horovod.py's np=2 against np=1 (1.3e-5 of the scale seen there).
     assert_states_equal(load_ckpt(tmp_path / "np2" / "ckpt.pth")["model"], one, "np=2", atol_scale=5e-5)
     assert_states_equal(load_ckpt(tmp_path / "k2" / "ckpt.pth")["model"], one, "k=2", atol_scale=5e-5)
     lrs = [float(read_metrics(tmp_path / d)[-1]["lr"]) for d in ("np1", "np2", "k2")]

@@ -68,7 +68,7 @@ def assert_shrank_without_gaps(ckpt_dir, output):
     return rows
 
 
-def test_e1_slot_removal_continues_at_np2(data_dir, tmp_path, jobs):
+def test_slot_removal_continues_at_np2(data_dir, tmp_path, jobs):
     slots, ck = tmp_path / "slots", tmp_path / "ck"
     slots.write_text("3\n")
     job = jobs(elastic_cmd(slots, 3, 2, 3, common_args(data_dir, ck, **TRAIN)))
@@ -95,7 +95,7 @@ def test_e1_slot_removal_continues_at_np2(data_dir, tmp_path, jobs):
     assert "has been removed from elastic job" in out  # the worker whose slot went away
 
 
-def test_e2_killed_worker_rolls_back_to_last_epoch(data_dir, tmp_path, jobs):
+def test_killed_worker_rolls_back_to_last_epoch(data_dir, tmp_path, jobs):
     # One machine under two names: the driver blacklists a failed worker's whole host,
     # so the worker to kill gets a host of its own (127.0.0.1), and localhost goes on.
     slots, ck = tmp_path / "slots", tmp_path / "ck"
@@ -113,7 +113,7 @@ def test_e2_killed_worker_rolls_back_to_last_epoch(data_dir, tmp_path, jobs):
     assert_shrank_without_gaps(ck, out)
 
 
-def test_e3_fixed_world_matches_main_horovod(data_dir, tmp_path, jobs):
+def test_fixed_world_matches_main_horovod(data_dir, tmp_path, jobs):
     # With nobody leaving, the elastic trainer is main_horovod.py, bit for bit, across a
     # resume too: epoch 1, stop, then --resume (without --lr: the saved schedule goes on)
     # for epoch 2 equals main_horovod.py's 2 epochs in one go.
@@ -138,7 +138,7 @@ def test_e3_fixed_world_matches_main_horovod(data_dir, tmp_path, jobs):
     assert [r["lr"] for r in rows] == [r["lr"] for r in read_metrics(tmp_path / "hv")]
 
 
-def test_e4_preflight_error_stops_every_worker(data_dir, tmp_path, jobs):
+def test_preflight_error_stops_every_worker(data_dir, tmp_path, jobs):
     # Rank 0 alone checks; its error reaches the others through the first state sync.
     slots, ck = tmp_path / "slots", tmp_path / "ck"
     slots.write_text("2\n")
@@ -153,7 +153,7 @@ def test_e4_preflight_error_stops_every_worker(data_dir, tmp_path, jobs):
     assert (ck / "ckpt.pth").read_bytes() == b"not a checkpoint"
 
 
-def test_e5_sigterm_to_the_driver_ends_every_worker_and_the_resume_works(data_dir, tmp_path, jobs):
+def test_sigterm_to_the_driver_ends_every_worker_and_the_resume_works(data_dir, tmp_path, jobs):
     # As a scheduler ends an elastic job: SIGTERM to horovodrun, which passes it on.
     slots, ck = tmp_path / "slots", tmp_path / "ck"
     slots.write_text("2\n")

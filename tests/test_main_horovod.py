@@ -10,7 +10,7 @@ from helpers import (ROOT, assert_ok, assert_ranks_identical, assert_states_equa
 
 
 @pytest.mark.parametrize("launcher", ["gloo", "mpirun"])
-def test_d1_ranks_end_bitwise_identical(data_dir, tmp_path, launcher):
+def test_ranks_end_bitwise_identical(data_dir, tmp_path, launcher):
     # resnet18 would be slow; LeNet has no BatchNorm, so use a model with BN buffers
     # too: simpledla is big, so keep LeNet and check the broadcast of a fresh run.
     assert_ok(run_horovod(2, common_args(data_dir, tmp_path / "ck", "--warmup-epochs", 1), launcher,
@@ -21,7 +21,7 @@ def test_d1_ranks_end_bitwise_identical(data_dir, tmp_path, launcher):
     assert_states_equal(load_ckpt(tmp_path / "ck" / "ckpt.pth")["model"], ranks[0]["model"], "the checkpoint")
 
 
-def test_d2_np2_at_batch_b_equals_np1_at_batch_2b(data_dir, tmp_path):
+def test_np2_at_batch_b_equals_np1_at_batch_2b(data_dir, tmp_path):
     # LeNet has no BatchNorm, so the two runs compute the same function of the same
     # global batches: the ranks' strided shards together are np=1's batch.
     # Horovod averages gradients, so np=2 must run at the np=1 LR: --lr is per
@@ -68,7 +68,7 @@ def test_lr_after_warmup_is_lr_times_size(np2_run):
 
 
 @pytest.mark.parametrize("np_", [1, 3])
-def test_d4_resume_at_another_world_size(np2_run, data_dir, tmp_path, np_):
+def test_resume_at_another_world_size(np2_run, data_dir, tmp_path, np_):
     import shutil
     ck = tmp_path / "ck"
     shutil.copytree(np2_run[0], ck)
@@ -98,7 +98,7 @@ def test_resume_without_lr_rescales_the_saved_schedule(np2_run, data_dir, tmp_pa
     assert rows[2]["world_size"] == "1"
 
 
-def test_d3_evaluate_is_identical_at_np_1_2_3(np2_run, data_dir):
+def test_evaluate_is_identical_at_np_1_2_3(np2_run, data_dir):
     ck, _ = np2_run
     args = ["--evaluate", *common_args(data_dir, ck)]
     results = []
