@@ -31,13 +31,18 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(doc):
     p = _Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
-    a("--arch", default="resnet18", help="model name from models.MODELS (default: %(default)s)")
+    a("--arch", default="resnet18", type=str.lower,
+      help="model name from models.MODELS, in any case: resnet18 or pytorch-cifar's ResNet18 "
+           "(default: %(default)s)")
     a("--lr", type=float, default=None,
       help=f"base learning rate per process (default: {RECIPE['lr']} on a fresh run; with --resume, "
            "the checkpoint's schedule continues unless --lr is given, which restarts the "
            "cosine from this value over the remaining epochs)")
     a("--epochs", type=int, default=RECIPE["epochs"],
       help="total epochs, including resumed ones (default: %(default)s)")
+    a("--target-acc", type=float, default=None, metavar="ACC",
+      help="end the run after the first epoch whose test accuracy reaches ACC (a fraction, e.g. "
+           "0.94) and say at which epoch and after how much training time")
     a("--stop-at", type=int, default=None, metavar="EPOCH",
       help="end this run after epoch EPOCH while the schedule still spans --epochs, "
            "e.g. to fit a job's time limit; continue later with --resume")
@@ -143,6 +148,9 @@ def parse_args(parser, argv=None):
             raise UsageError(f"{flag} must be positive (got {v})")
     if args.stop_at is not None and not 0 < args.stop_at <= args.epochs:
         raise UsageError(f"--stop-at must be between 1 and --epochs {args.epochs} (got {args.stop_at})")
+    if args.target_acc is not None and not 0 < args.target_acc <= 1:
+        raise UsageError(f"--target-acc is a fraction of the test set between 0 and 1, e.g. 0.94 "
+                         f"(got {args.target_acc})")
     if args.lr is not None and not (args.lr > 0 and math.isfinite(args.lr)):
         raise UsageError(f"--lr must be a positive number (got {args.lr})")
     if args.workers < 0 or args.profile_steps < 0 or port.get("warmup_epochs", 0) < 0:

@@ -15,10 +15,11 @@ import sys
 from errors import TrainerError, UsageError
 
 # Where launchers give a process its rank before any init, in the order they are read:
-# horovodrun; Open MPI's mpirun; PMIx (srun --mpi=pmix, which sets no OMPI_ variable); other
-# MPIs; torchrun; and Slurm's task id last, because mpirun inside an allocation is one Slurm
-# task per node (SLURM_PROCID is 0 for every rank of a node) and srun torchrun is one per node.
-LAUNCHER_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "RANK",
+# horovodrun; Open MPI's mpirun; torchrun, whose workers under srun inherit the torchrun
+# task's PMIx and Slurm ranks; PMIx (srun --mpi=pmix sets no OMPI_ variable); other MPIs;
+# and Slurm's task id last, because mpirun inside an allocation is one Slurm task per node
+# (SLURM_PROCID is 0 for every rank of a node).
+LAUNCHER_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "RANK", "PMIX_RANK", "PMI_RANK",
                       "SLURM_PROCID")
 
 
@@ -66,8 +67,16 @@ class Terminated(KeyboardInterrupt):
         self.signum = signum
 
 
+def _ignore_stop_signals():
+    """From here the process is on its way out: schedulers and launchers send a stop signal
+    more than once (Slurm to every task and step within milliseconds, torchrun's agent a
+    SIGTERM after a worker's USR2), and no later one may cut short the stop under way."""
+    for name in STOP_SIGNALS:
+        signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_IGN)
+
+
 def _raise_terminated(signum, frame):
-    signal.signal(signum, signal.SIG_DFL)  # the same signal again ends the process at once
+    _ignore_stop_signals()
     raise Terminated(signum)
 
 
@@ -79,8 +88,8 @@ def stop_on(name):
 
 
 def run_cli(main, argv=None, finish=None):
-    """Run main(), then finish() if given and main() returned; turn a TrainerError, Ctrl-C or
-    SIGTERM into one line on stderr and an exit status."""
+    """Run main(), then finish() if given and main() returned; turn a TrainerError, a peer's
+    failure, Ctrl-C or a stop signal into one line on stderr and an exit status."""
     argv = sys.argv[1:] if argv is None else argv
     prog = os.path.basename(sys.argv[0] or "main.py")
     where = f" (rank {launcher_rank()})" if launched() else ""
@@ -88,13 +97,20 @@ def run_cli(main, argv=None, finish=None):
     previous = {signum: signal.getsignal(signum) for signum in stops}
     signal.signal(signal.SIGTERM, _raise_terminated)
     try:
+        return _exit_status(main, argv, finish, prog, where)
+    finally:  # the handlers as they were before, for a caller that goes on
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _exit_status(main, argv, finish, prog, where):
+    try:
         try:
             main(argv)
             if finish:
                 finish()
-        finally:  # the handlers as they were, so that no signal interrupts the one-line exits below
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+        finally:  # no stop signal may interrupt the one-line exits below
+            _ignore_stop_signals()
         return 0
     except TrainerError as e:
         if "--debug" in argv:

@@ -34,14 +34,15 @@ def train_shard(n, rank, size, seed, epoch):
     """
     order = epoch_permutation(n, seed, epoch)
     total = math.ceil(n / size) * size
-    if total > n:
-        order = torch.cat([order, order[:total - n]])
+    if total > n:  # repeated as often as it takes, for the rare world larger than twice n
+        order = order.repeat(math.ceil(total / n))[:total]
     return order[rank:total:size]
 
 
 def eval_shard(n, rank, size):
-    """This rank's test indices: disjoint, no padding, so each image counts once."""
-    return torch.arange(rank, n, size)
+    """This rank's test indices: disjoint, no padding, so each image counts once. A rank
+    beyond the last image has none, and counts nothing."""
+    return torch.arange(rank, max(rank, n), size)
 
 
 # ----------------------------------------------------------------------------

@@ -108,6 +108,8 @@ def run_epochs(state, world, train_model, optimizer, scaler, schedule):
     log = world.start(state.epoch, state.history)
     train_loader, test_loader = world.loaders
     for epoch in range(state.epoch, cli.last_epoch(args)):
+        if log.target_reached():  # --target-acc: the last epoch reached it
+            break
         t0 = time.perf_counter()
         train = utils.train_epoch(train_model, train_loader, optimizer, scaler, schedule, epoch,
                                   args, port, profile=epoch == world.first_epoch)
@@ -125,7 +127,7 @@ def run_epochs(state, world, train_model, optimizer, scaler, schedule):
         # Saves the state, then raises HostsUpdatedInterrupt if the hosts changed:
         # the epoch is kept, and the run goes on from the next one in the new world.
         state.commit()
-    world.close_log(curves=True)
+    world.close_log(final=True)
     return log.history
 
 
@@ -179,9 +181,9 @@ class World:
         self.log = runlog.RunLog(self.args, self.port.reports, self.port.size, history, epoch)
         return self.log
 
-    def close_log(self, curves=False):
+    def close_log(self, final=False):
         if self.log is not None:
-            self.log.close(curves)
+            self.log.close(final)
         self.log = None
 
 

@@ -66,6 +66,8 @@ def main(argv=None):
     log = runlog.RunLog(args, reports, port.size, start["history"], start["epoch"])
     best_acc = start["best_acc"]
     for epoch in range(start["epoch"], cli.last_epoch(args)):
+        if log.target_reached():  # --target-acc: the last epoch reached it
+            break
         t0 = time.perf_counter()
         train = utils.train_epoch(train_model, train_loader, optimizer, scaler, schedule, epoch,
                                   args, port, profile=epoch == start["epoch"])

@@ -18,7 +18,7 @@ from errors import TrainerError
 from safeio import atomic_write
 
 METRICS_COLUMNS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc",
-                   "epoch_time_s", "images_per_s", "world_size")
+                   "epoch_time_s", "train_time_s", "images_per_s", "world_size")
 
 
 class Progress:
@@ -99,7 +99,7 @@ class RunLog:
         """first_epoch: the 0-based epoch this run starts at; TensorBoard drops the events
         a crashed run wrote after it."""
         self.args, self.reports, self.world_size = args, reports, world_size
-        self.history = list(history)
+        self.history = with_train_time(history)
         self.dir = args.checkpoint_dir
         self._tb = None
         if reports:
@@ -113,9 +113,11 @@ class RunLog:
 
     def add(self, epoch, train, test, seconds):
         """Print the epoch's line and add its row; returns the history, for the checkpoint."""
+        before = self.history[-1]["train_time_s"] if self.history else 0.0
         row = {"epoch": epoch + 1, "lr": train["lr"], "train_loss": train["loss"], "train_acc": train["acc"],
                "test_loss": test["loss"], "test_acc": test["acc"], "epoch_time_s": seconds,
-               "images_per_s": train["images"] / max(seconds, 1e-9), "world_size": self.world_size}
+               "train_time_s": before + seconds, "images_per_s": train["images"] / max(seconds, 1e-9),
+               "world_size": self.world_size}
         self.history.append(row)
         if self.reports:
             print(f"epoch {epoch + 1}/{self.args.epochs}  lr {row['lr']:.4g}  "
@@ -144,15 +146,53 @@ class RunLog:
             f.write(text.getvalue().encode())
         atomic_write(os.path.join(self.dir, "metrics.csv"), write)
 
-    def close(self, curves=True):
-        """End the run's reporting; curves=False ends it without drawing curves.png (an
-        elastic world that is replaced)."""
+    def target_reached(self):
+        """Whether an epoch so far (resumed ones too) reached --target-acc: the run ends there."""
+        return first_reaching(self.history, getattr(self.args, "target_acc", None)) is not None
+
+    def close(self, final=True):
+        """End the run's reporting: draw curves.png and say whether --target-acc was reached.
+        final=False ends only this object's writer (an elastic world that is replaced)."""
         if self._tb is None:
             return
         self._tb.close()
         self._tb = None
-        if curves and self.history:
+        if final and self.history:
             plot_curves(self.history, os.path.join(self.dir, "curves.png"))
+        target = getattr(self.args, "target_acc", None)
+        if final and target is not None:
+            print(target_line(self.history, target), flush=True)
+
+
+def with_train_time(history):
+    """The history's rows, each with train_time_s, the training time up to its end (rows of
+    checkpoints written before the column existed get it from their epoch times)."""
+    rows, total = [], 0.0
+    for r in history:
+        total = r.get("train_time_s", total + r["epoch_time_s"])
+        rows.append(dict(r, train_time_s=total))
+    return rows
+
+
+def first_reaching(history, target):
+    """The first row whose test accuracy reached `target`, or None (also without a target)."""
+    if target is None:
+        return None
+    return next((r for r in history if r["test_acc"] >= target), None)
+
+
+def target_line(history, target):
+    """--target-acc's one line: the epoch and training time that reached it, or that none did."""
+    hit = first_reaching(history, target)
+    if hit is not None:
+        return (f"target test accuracy {target:g} reached at epoch {hit['epoch']} after "
+                f"{hit['train_time_s']:.1f} s of training")
+    if not history:
+        return f"target test accuracy {target:g} not reached: no epoch trained"
+    best = max(history, key=lambda r: r["test_acc"])
+    return (f"target test accuracy {target:g} not reached by epoch {history[-1]['epoch']} "
+            f"(best {best['test_acc']:.4f} at epoch {best['epoch']}; "
+            f"{history[-1]['train_time_s']:.1f} s of training)")
 
 
 def plot_curves(history, path):
@@ -160,7 +200,7 @@ def plot_curves(history, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     ep = [r["epoch"] for r in history]
-    fig, ax = plt.subplots(2, 2, figsize=(10, 7))
+    fig, ax = plt.subplots(2, 3, figsize=(14, 7))
     ax[0, 0].plot(ep, [r["train_loss"] for r in history], label="train")
     ax[0, 0].plot(ep, [r["test_loss"] for r in history], label="test")
     ax[0, 0].set_title("loss")
@@ -174,6 +214,10 @@ def plot_curves(history, path):
     for a in ax.flat:
         a.set_xlabel("epoch")
         a.grid(alpha=0.3)
+    ax[0, 2].plot([r["train_time_s"] for r in history], [r["test_acc"] for r in history], marker=".")
+    ax[0, 2].set_title("test accuracy against training time")
+    ax[0, 2].set_xlabel("training time (s)")
+    ax[1, 2].axis("off")
     ax[0, 0].legend()
     ax[0, 1].legend()
     fig.tight_layout()

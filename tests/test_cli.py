@@ -24,6 +24,7 @@ def test_defaults_come_from_the_recipe():
     (["--auto-resume", "--resume"], "pick one"),
     (["--auto-resume", "--evaluate"], "do not go together"),
     (["--stop-signal", "HUP"], "invalid choice"),
+    (["--target-acc", "94"], "--target-acc is a fraction of the test set between 0 and 1"),
     (["--batch-size", "x"], "invalid int value"),
 ])
 def test_bad_flags_are_usage_errors(argv, needle):
@@ -87,3 +88,10 @@ def test_synthetic_size_is_checked_once_for_flags_and_generator(tmp_path):
             parse("--synthetic-size", bad)
     with pytest.raises(UsageError, match="multiple of 5"):
         data.generate_synthetic(str(tmp_path), 7, 2, seed=0)
+
+
+def test_arch_takes_pytorch_cifars_spelling():
+    assert parse("--arch", "ResNet18").arch == "resnet18"
+    assert parse("--arch", "PreActResNet18").arch == "preactresnet18"
+    assert parse("--arch", "RegNetX_200MF").arch == "regnetx_200mf"
+    assert "{resnet18" not in cli.build_parser("").format_help()  # --help: one spelling, no choices list

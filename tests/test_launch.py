@@ -107,3 +107,23 @@ def test_the_stop_signal_ends_with_one_line_and_its_status(capsys, monkeypatch):
     assert {s: signal.getsignal(s) for s in before} == before
     launch.stop_on(None)  # nothing to add
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_more_stop_signals_do_not_cut_a_stop_short(capsys, monkeypatch):
+    """Slurm signals every task and step, and torchrun's agent sends SIGTERM after a worker's
+    USR2: once a stop is under way, later stop signals change nothing."""
+    _only(monkeypatch)
+
+    def main(argv):
+        launch.stop_on("USR2")
+        try:
+            os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(5)
+        finally:  # the stop under way (a save's clean-up, say) while more signals arrive
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(0.2)
+
+    assert launch.run_cli(main, argv=[]) == 128 + signal.SIGUSR2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "interrupted by SIGUSR2" in err[0], err

@@ -112,3 +112,14 @@ def test_normalisation_uses_cifar_mean_and_std():
     x, _ = next(iter(loaders.DeviceLoader(images, torch.zeros(4, dtype=torch.long), 4, train=False)))
     want = (128 / 255 - torch.tensor(data.MEAN)) / torch.tensor(data.STD)
     assert torch.allclose(x[0, :, 0, 0], want, atol=1e-5)
+
+
+def test_more_ranks_than_images():
+    # Evaluation: a rank beyond the last image has an empty shard; every image counts once.
+    assert [loaders.eval_shard(1, r, 3).tolist() for r in range(3)] == [[0], [], []]
+    # Training: every rank takes as many steps as the others, even with fewer images than ranks.
+    shards = [loaders.train_shard(2, r, 5, seed=0, epoch=0) for r in range(5)]
+    assert [len(s) for s in shards] == [1] * 5 and set(torch.cat(shards).tolist()) == {0, 1}
+    empty = loaders.DeviceLoader(torch.zeros(1, 3, 4, 4, dtype=torch.uint8), torch.zeros(1, dtype=torch.long),
+                                 8, train=False, rank=2, size=3)
+    assert len(empty) == 0 and list(empty) == []
