@@ -12,6 +12,7 @@ with this interface:
     run(cfg, ctx)  -> {"value", "repeats", ...}, or {"value": None, "skipped": why};
                    ctx is a Context (device, scratch folder, shared set-up)
     markdown(fig)  -> the lines of its RESULTS.md section, below the heading the harness writes
+    plot(fig, path)   optional: draws fig["plot"] (a file name) beside RESULTS.md
 """
 import contextlib
 import datetime
@@ -168,6 +169,10 @@ def finish(res, figures, out, started):
         json.dump(res, f, indent=2)
         f.write("\n")
     write_markdown(os.path.join(out, "RESULTS.md"), res, figures)
+    for mod in figures:
+        fig = res["figures"][mod.NAME]
+        if hasattr(mod, "plot") and fig.get("plot") and not fig.get("skipped"):
+            mod.plot(fig, os.path.join(out, fig["plot"]))
     return res
 
 

@@ -30,6 +30,12 @@ Figures (each the median over interleaved repeats; every repeat is recorded):
                           layout.GradLayout over contiguous weights with
                           channels_last input, gradient hooks on           goal <= 1.02
                           (fig_layout.py)
+  real_data_accuracy      LeNet's test accuracy on real CIFAR-10 after 10
+                          epochs under main.py; beside it every trainer,
+                          the torchvision pipeline and a second model:
+                          accuracy, time to a fixed accuracy, images/s,
+                          and accuracy.png                                goal >= 0.58
+                          (fig_accuracy.py)
 
 Side A and side B of a figure alternate (ABBA...), so slow drift of a shared,
 noisy machine falls on both. The headline of a figure is the median of the
@@ -55,11 +61,20 @@ import time
 import torch
 
 import devices
-from benchmarks import fig_ddp, fig_ddp_scaling, fig_layout, fig_loader, fig_overhead, fig_scaling, harness
+from benchmarks import (
+    fig_accuracy,
+    fig_ddp,
+    fig_ddp_scaling,
+    fig_layout,
+    fig_loader,
+    fig_overhead,
+    fig_scaling,
+    harness,
+)
 
 # The registry: every figure, in the order they run and are reported. A new figure
 # is a fig_*.py module with harness.py's interface, and one entry here.
-FIGURES = [fig_loader, fig_overhead, fig_scaling, fig_ddp_scaling, fig_ddp, fig_layout]
+FIGURES = [fig_loader, fig_overhead, fig_scaling, fig_ddp_scaling, fig_ddp, fig_layout, fig_accuracy]
 
 
 def short_name(mod):

@@ -6,6 +6,7 @@ import os
 # is imported, so it holds for this process and the ones it starts.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import subprocess  # noqa: E402
 import sys  # noqa: E402
 
 import pytest  # noqa: E402
@@ -41,3 +42,20 @@ def jobs(tmp_path):
     yield start
     for job in started:  # a failed test leaves no process behind
         job.kill()
+
+
+@pytest.fixture(scope="session")
+def real_data(tmp_path_factory):
+    """Real CIFAR-10, all 60,000 images (a JPEG copy in the original order, with the original
+    labels), written once for the session in the standard layout from the pack in
+    ../shared/data beside the clone: the folder to pass as --data-dir. A clone without it
+    skips the tests that need it, except where REQUIRE_REAL_DATA is set (CI)."""
+    maker = helpers.REAL_DATA_MAKER
+    if not os.path.isfile(maker):
+        why = f"real CIFAR-10 needs {os.path.normpath(maker)}, which this clone does not have"
+        if os.environ.get("REQUIRE_REAL_DATA"):
+            pytest.fail(why)
+        pytest.skip(why)
+    d = tmp_path_factory.mktemp("real")
+    subprocess.run([helpers.PY, maker, str(d)], check=True, capture_output=True, timeout=300)
+    return d

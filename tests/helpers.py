@@ -21,6 +21,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 PY = sys.executable
 SYNTH = 500  # training images; test gets 100
+# Writes real CIFAR-10 from a JPEG pack; it sits beside a clone of the project, not in it.
+REAL_DATA_MAKER = os.path.join(os.path.dirname(ROOT), "shared", "data", "make_cifar10.py")
 # Open MPI refuses root without these; oversubscription lets 3 ranks share 2 cores.
 MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1"}

@@ -26,7 +26,9 @@ def test_run_leaves_checkpoints_metrics_and_curves(trained):
     rows = read_metrics(ckpt)
     assert [r["epoch"] for r in rows] == ["1", "2"]
     assert list(rows[0]) == ["epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc",
-                             "epoch_time_s", "images_per_s", "world_size"]
+                             "epoch_time_s", "train_time_s", "images_per_s", "world_size"]
+    times = [float(r["epoch_time_s"]) for r in rows]
+    assert [float(r["train_time_s"]) for r in rows] == pytest.approx([times[0], times[0] + times[1]])
     assert all(r["world_size"] == "1" for r in rows)
     assert float(rows[0]["lr"]) == pytest.approx(0.05)  # cosine starts at --lr
     assert "epoch 2/2" in r.stdout
@@ -108,3 +110,18 @@ def test_help_lists_flags_with_defaults():
                  "--checkpoint-dir", "--resume", "--evaluate", "--seed", "--workers", "--amp"):
         assert flag in r.stdout
     assert "default: resnet18" in r.stdout and "default: 200" in r.stdout and "default: 128" in r.stdout
+
+
+def test_target_accuracy_ends_the_run_at_the_first_epoch_that_reaches_it(trained, data_dir, tmp_path):
+    # The target is the trained run's epoch-1 accuracy: the same run (bitwise on the CPU) with
+    # a longer schedule reaches it at epoch 1 at the latest, and stops there.
+    ckpt, _ = trained
+    first = read_metrics(ckpt)[0]
+    target = float(first["test_acc"])
+    r = run_main(common_args(data_dir, tmp_path, "--target-acc", target, epochs=2))
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = read_metrics(tmp_path)
+    assert [x["epoch"] for x in rows] == ["1"] and load_ckpt(tmp_path / "ckpt.pth")["epoch"] == 1
+    seconds = float(rows[0]["train_time_s"])
+    assert last_line(r.stdout) == \
+        f"target test accuracy {target:g} reached at epoch 1 after {seconds:.1f} s of training"

@@ -41,7 +41,7 @@ def test_np2_at_batch_b_equals_np1_at_batch_2b(data_dir, tmp_path):
 
 @pytest.fixture(scope="module")
 def np2_run(data_dir, tmp_path_factory):
-    """A 2-epoch run at np=2 (of 4 planned) whose checkpoint the tests below resume and evaluate."""
+    """A 2-epoch run at np=2 whose checkpoint the tests below resume and evaluate."""
     ck = tmp_path_factory.mktemp("np2")
     r = assert_ok(run_horovod(2, common_args(data_dir, ck, "--warmup-epochs", 1, epochs=2)))
     return ck, r
@@ -147,3 +147,41 @@ def test_twin_diff_is_only_the_port():
     names = [re.findall(r"^def (\w+)", open(os.path.join(ROOT, f)).read(), re.M)
              for f in ("main.py", "main_horovod.py")]
     assert names[1][:len(names[0])] == names[0]
+
+
+def test_target_accuracy_at_np2_and_after_a_resume(np2_run, data_dir, tmp_path):
+    import shutil
+    ck, _ = np2_run
+    rows = read_metrics(ck)
+    target = float(rows[0]["test_acc"])
+    # The same np=2 run (bitwise on the CPU) with epoch 1's accuracy as its target stops there.
+    fresh = tmp_path / "fresh"
+    r = assert_ok(run_horovod(2, common_args(data_dir, fresh, "--warmup-epochs", 1, "--target-acc", target,
+                                             epochs=2)))
+    want = 1
+    assert [x["epoch"] for x in read_metrics(fresh)] == ["1"]
+    said = [ln for ln in r.stdout.splitlines() if "target test accuracy" in ln]
+    assert len(said) == 1 and f"reached at epoch {want} after" in said[0], r.stdout[-2000:]
+    # A resume whose history already reached it trains nothing more and says so.
+    resumed = tmp_path / "resumed"
+    shutil.copytree(ck, resumed)
+    r = assert_ok(run_horovod(2, common_args(data_dir, resumed, "--resume", "--target-acc", target,
+                                             epochs=4)))
+    assert [x["epoch"] for x in read_metrics(resumed)] == ["1", "2"]
+    assert f"reached at epoch {want} after" in r.stdout
+    # One that cannot reach it trains on to --stop-at and says it was not reached.
+    r = assert_ok(run_horovod(2, common_args(data_dir, resumed, "--resume", "--target-acc", 1.0,
+                                             "--stop-at", 3, epochs=4)))
+    assert [x["epoch"] for x in read_metrics(resumed)] == ["1", "2", "3"]
+    assert "target test accuracy 1 not reached by epoch 3" in r.stdout
+
+
+def test_evaluation_with_more_ranks_than_test_images_is_exact(data_dir, tmp_path):
+    # --synthetic-size 5: one test image, so ranks 1 and 2 of 3 have none to evaluate.
+    args = ["--data-dir", tmp_path / "data", "--dataset", "synthetic", "--synthetic-size", 5, "--arch", "lenet",
+            "--epochs", 1, "--batch-size", 2, "--checkpoint-dir", tmp_path / "ck"]
+    assert_ok(run_horovod(3, args))
+    row = read_metrics(tmp_path / "ck")[0]
+    assert float(row["test_acc"]) in (0.0, 1.0) and row["world_size"] == "3"
+    r = assert_ok(run_horovod(3, args + ["--evaluate"]))
+    assert parse_eval(last_line(r.stdout))[2] == 1

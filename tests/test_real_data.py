@@ -1,0 +1,67 @@
+"""Real CIFAR-10: LeNet learns the real images under every trainer, the fast loader costs no
+accuracy against pytorch-cifar's pipeline, and a resume in the middle ends where the
+uninterrupted run ends, bitwise.
+
+The images are a JPEG copy of the real ones (conftest.py's real_data), so accuracy can sit
+a little below what the original files give. The floors were set from measured runs on 2
+CPU cores (docs/TESTING.md gives them), with a margin for run-to-run differences.
+"""
+import pytest
+
+from helpers import (assert_ok, assert_states_equal, load_ckpt, read_metrics, run_ddp, run_horovod,
+                     run_main)
+
+EPOCHS = 3
+# LeNet, 3 epochs of the default recipe (batch 128, LR 0.1 cosine) on all 50,000 images.
+FLOOR = {"main.py": 0.45, "main_horovod.py np=2": 0.45, "main_ddp.py np=2": 0.45}
+LOADER_MARGIN = 0.03  # torchvision's pipeline against the device loader, same epochs
+
+
+def real_args(data_dir, ckpt, *extra, epochs=EPOCHS):
+    return ["--data-dir", str(data_dir), "--arch", "lenet", "--epochs", str(epochs),
+            "--checkpoint-dir", str(ckpt), *map(str, extra)]
+
+
+def final_acc(ckpt):
+    return float(read_metrics(ckpt)[-1]["test_acc"])
+
+
+@pytest.fixture(scope="module")
+def np1(real_data, tmp_path_factory):
+    """main.py, LeNet, EPOCHS epochs on real CIFAR-10: the run the others are held against."""
+    ck = tmp_path_factory.mktemp("real-np1")
+    assert_ok(run_main(real_args(real_data, ck), timeout=600))
+    return ck
+
+
+def test_lenet_learns_real_images(np1):
+    rows = read_metrics(np1)
+    assert [int(r["epoch"]) for r in rows] == list(range(1, EPOCHS + 1))
+    assert final_acc(np1) >= FLOOR["main.py"], rows
+    assert float(rows[0]["test_acc"]) < final_acc(np1), "accuracy climbs over the epochs"
+
+
+def test_horovod_np2_learns_real_images(real_data, tmp_path):
+    assert_ok(run_horovod(2, real_args(real_data, tmp_path), timeout=600))
+    assert final_acc(tmp_path) >= FLOOR["main_horovod.py np=2"], read_metrics(tmp_path)
+
+
+def test_ddp_np2_learns_real_images(real_data, tmp_path):
+    assert_ok(run_ddp(2, real_args(real_data, tmp_path), timeout=600))
+    assert final_acc(tmp_path) >= FLOOR["main_ddp.py np=2"], read_metrics(tmp_path)
+
+
+def test_the_device_loader_costs_no_accuracy(np1, real_data, tmp_path):
+    assert_ok(run_main(real_args(real_data, tmp_path, "--loader", "torchvision"), timeout=900))
+    assert abs(final_acc(tmp_path) - final_acc(np1)) <= LOADER_MARGIN, (final_acc(tmp_path), final_acc(np1))
+
+
+def test_a_resume_in_the_middle_ends_where_the_whole_run_ends(np1, real_data, tmp_path):
+    args = real_args(real_data, tmp_path)
+    assert_ok(run_main(args + ["--stop-at", EPOCHS - 1], timeout=600))
+    assert_ok(run_main(args + ["--resume"], timeout=600))
+    assert_states_equal(load_ckpt(tmp_path / "ckpt.pth")["model"], load_ckpt(np1 / "ckpt.pth")["model"],
+                        "resumed and uninterrupted")
+    cols = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc")
+    assert [[r[c] for c in cols] for r in read_metrics(tmp_path)] == \
+        [[r[c] for c in cols] for r in read_metrics(np1)]
