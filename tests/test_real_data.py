@@ -4,7 +4,7 @@ uninterrupted run ends, bitwise.
 
 The images are a JPEG copy of the real ones (conftest.py's real_data), so accuracy can sit
 a little below what the original files give. The floors were set from measured runs on 2
-CPU cores (docs/TESTING.md gives them), with a margin for run-to-run differences.
+CPU cores (given below), with a margin for run-to-run differences. About 3 minutes.
 """
 import pytest
 
@@ -13,8 +13,10 @@ from helpers import (assert_ok, assert_states_equal, load_ckpt, read_metrics, ru
 
 EPOCHS = 3
 # LeNet, 3 epochs of the default recipe (batch 128, LR 0.1 cosine) on all 50,000 images.
-FLOOR = {"main.py": 0.45, "main_horovod.py np=2": 0.45, "main_ddp.py np=2": 0.45}
-LOADER_MARGIN = 0.03  # torchvision's pipeline against the device loader, same epochs
+# Measured: 0.5076 (main.py), 0.4986 (main_horovod.py and main_ddp.py at np=2), 0.5044 (main.py,
+# torchvision's pipeline); the floors leave 3 points for other machines and thread counts.
+FLOOR = {"main.py": 0.47, "main_horovod.py np=2": 0.47, "main_ddp.py np=2": 0.47}
+LOADER_MARGIN = 0.03  # torchvision's pipeline against the device loader, same epochs (0.003 measured)
 
 
 def real_args(data_dir, ckpt, *extra, epochs=EPOCHS):
