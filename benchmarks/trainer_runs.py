@@ -100,18 +100,7 @@ class TrainerRuns:
         with self.lock:
             self.count += 1
             ckpt = os.path.join(self.scratch, f"ckpt-{self.count:03d}-{kind}")
-        script = {"main": "main.py", "ddp": "main_ddp.py", "ddp2": "main_ddp.py"}.get(kind, "main_horovod.py")
-        # main.py has no --warmup-epochs (it belongs to the ports); at np=1 the
-        # warm-up is a no-op anyway (LR scale 1), and it is 0 for np=2 here too.
-        extra = [] if kind == "main" else ["--warmup-epochs", "0"]
-        cmd = [sys.executable, script, *self.flags(ckpt), *extra, *flags]
-        if kind.startswith("hvd2"):
-            controller = "--mpi" if kind == "hvd2-mpi" else "--gloo"
-            cmd = [os.path.join(self.bin, "horovodrun"), "-np", "2", controller, *cmd]
-        if kind == "ddp2":
-            cmd = [os.path.join(self.bin, "torchrun"), "--standalone", "--nproc_per_node", "2", *cmd[1:]]
-        if pin:  # taskset, not preexec_fn: runs come from two threads at once (preexec_fn is unsafe there)
-            cmd = ["taskset", "-c", ",".join(map(str, sorted(pin))), *cmd]
+        cmd = self.command(kind, ckpt, pin, flags)
         t0 = time.perf_counter()
         r, rows = run_trainer(cmd, ckpt, env_extra)
         wall = time.perf_counter() - t0
@@ -125,6 +114,22 @@ class TrainerRuns:
                 "epoch_time_s": [float(row["epoch_time_s"]) for row in rows],
                 "world_size": int(rows[-1]["world_size"]), "load_1min_after": os.getloadavg()[0],
                 "profile": profile_ms(r.stdout), "command": shown(cmd, self.scratch)}
+
+    def command(self, kind, ckpt, pin=None, flags=()):
+        """The command line of a run of `kind` writing to `ckpt` (see run)."""
+        script = {"main": "main.py", "ddp": "main_ddp.py", "ddp2": "main_ddp.py"}.get(kind, "main_horovod.py")
+        # main.py has no --warmup-epochs (it belongs to the ports); at np=1 the
+        # warm-up is a no-op anyway (LR scale 1), and it is 0 for np=2 here too.
+        extra = [] if kind == "main" else ["--warmup-epochs", "0"]
+        cmd = [sys.executable, script, *self.flags(ckpt), *extra, *flags]
+        if kind.startswith("hvd2"):
+            controller = "--mpi" if kind == "hvd2-mpi" else "--gloo"
+            cmd = [os.path.join(self.bin, "horovodrun"), "-np", "2", controller, *cmd]
+        if kind == "ddp2":
+            cmd = [os.path.join(self.bin, "torchrun"), "--standalone", "--nproc_per_node", "2", *cmd[1:]]
+        if pin:  # taskset, not preexec_fn: runs come from two threads at once (preexec_fn is unsafe there)
+            cmd = ["taskset", "-c", ",".join(map(str, sorted(pin))), *cmd]
+        return cmd
 
 
 def profile_ms(stdout):
