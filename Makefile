@@ -21,4 +21,4 @@ test: setup
 
 # On a GPU machine: set up against its PyTorch, then short real jobs, one line each with images/s.
 gpu-check:
-	@python3 scripts/gpu_check.py --python $(GPU_PYTHON)
+	@python3 -m benchmarks.gpu_check --python $(GPU_PYTHON)

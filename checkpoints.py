@@ -1,31 +1,41 @@
-"""Checkpoints: what a run saves, how it is written and read, and where a run starts.
+"""Checkpoints: what a run saves, every save of it, how it is read, and where a run starts.
 
 A checkpoint is one dict holding everything needed to continue: the unwrapped
 model, the optimizer, the LR schedule's state, the GradScaler, the next epoch,
-the best accuracy and the metric history. It is written atomically
-(safeio.atomic_write) and read with `torch.load(weights_only=True)`, which runs
+the best accuracy and the metric history. `save` writes CHECKPOINT_DIR/ckpt.pth at
+the end of every epoch and best.pth at a new best test accuracy, each atomically
+(safeio.atomic_write); it is read with `torch.load(weights_only=True)`, which runs
 no pickled code. pytorch-cifar's checkpoints are read too.
 
 Nothing here talks to other processes: the Horovod ports call `restore` on rank 0 and
 broadcast what it returns, the DDP port calls it on every rank, and `restore` says
-in one line (where `verbose`) what a --resume continues.
+in one line (where `reports`) what a --resume continues.
 """
 import os
+import socket
 
 import torch
 
 import data
-from cli import RECIPE
 from errors import TrainerError, UsageError
 from layout import contiguous_state
-from safeio import atomic_write
+from recipe import RECIPE
+from safeio import atomic_write, hold
 
 # 2: the LR schedule's state is saved under "schedule" (format 1 called it "scheduler").
 FORMAT = 2
+LAST, BEST = "ckpt.pth", "best.pth"  # in --checkpoint-dir: the last epoch's, the best test accuracy's
+HOLDER = ".run.lock"  # in --checkpoint-dir: locked by the run that writes there
 
 
 def checkpoint_path(args):
-    return args.checkpoint or os.path.join(args.checkpoint_dir, "ckpt.pth")
+    """The file --resume and --evaluate read."""
+    return args.checkpoint or os.path.join(args.checkpoint_dir, LAST)
+
+
+def resuming(args):
+    """Whether this run continues a checkpoint: --resume, or --auto-resume where one exists."""
+    return args.resume or (args.auto_resume and os.path.isfile(checkpoint_path(args)))
 
 
 def unwrap(model):
@@ -40,13 +50,24 @@ def unwrap(model):
             return model
 
 
-def checkpoint_state(args, model, optimizer, scaler, schedule, next_epoch, best_acc, world_size):
+def checkpoint_state(args, model, optimizer, scaler, schedule, next_epoch, best_acc, world_size,
+                     history):
     """Everything a resume needs; tensors contiguous, so it loads alike under either layout."""
     return {"format": FORMAT, "model": contiguous_state(unwrap(model).state_dict()),
             "optimizer": contiguous_state(optimizer.state_dict()),
             "schedule": schedule.state_dict(), "scaler": scaler.state_dict(), "epoch": next_epoch,
             "best_acc": best_acc, "arch": args.arch, "num_classes": len(data.CLASSES),
-            "world_size": world_size, "args": dict(vars(args))}
+            "world_size": world_size, "args": dict(vars(args)), "history": list(history)}
+
+
+def save(args, state, is_best, reports):
+    """The end of an epoch, on the rank that reports: ckpt.pth, and best.pth when the epoch
+    set a new best test accuracy. Other ranks write nothing."""
+    if not reports:
+        return
+    save_checkpoint(os.path.join(args.checkpoint_dir, LAST), state)
+    if is_best:
+        save_checkpoint(os.path.join(args.checkpoint_dir, BEST), state)
 
 
 def save_checkpoint(path, state):
@@ -108,13 +129,14 @@ def fresh_start(args):
             "history": [], "optimizer_state": False, "scaler": None}
 
 
-def restore(args, model, optimizer, verbose=True):
+def restore(args, model, optimizer, reports=True):
     """Load the checkpoint into model and optimizer; return where to start.
 
     A fresh run starts at epoch 0. `optimizer_state` says whether the optimizer
     now holds state, which the Horovod port needs to know before broadcasting it.
     """
-    if not (args.resume or args.evaluate):
+    resume = resuming(args)
+    if not (resume or args.evaluate):
         return fresh_start(args)
     path = checkpoint_path(args)
     ckpt = as_trainer_checkpoint(load_checkpoint(path), path)
@@ -129,10 +151,17 @@ def restore(args, model, optimizer, verbose=True):
              "optimizer_state": False, "scaler": ckpt.get("scaler")}
     if args.evaluate:
         return start  # the optimizer is not needed, so its state is neither loaded nor sent
-    if args.resume and ckpt["epoch"] >= args.epochs:
+    last = args.stop_at or args.epochs
+    if ckpt["epoch"] >= last and args.auto_resume:
+        # A restarted job whose run had already ended: nothing to train, and no error.
+        if reports:
+            print(f"{path} has finished epoch {ckpt['epoch']}: nothing left to train before "
+                  f"epoch {last}", flush=True)
+        return start
+    if ckpt["epoch"] >= args.epochs:
         raise UsageError(f"checkpoint {path} has already finished {ckpt['epoch']} of --epochs {args.epochs}; "
                          "pass a larger --epochs to train on")
-    if args.resume and args.stop_at is not None and args.stop_at <= ckpt["epoch"]:
+    if args.stop_at is not None and args.stop_at <= ckpt["epoch"]:
         raise UsageError(f"--stop-at {args.stop_at} is not after the checkpoint's epoch {ckpt['epoch']}, "
                          "so nothing would be trained; pass a later --stop-at")
     if ckpt.get("optimizer"):
@@ -142,10 +171,10 @@ def restore(args, model, optimizer, verbose=True):
         for g, kept in zip(optimizer.param_groups, impl):
             g.update(kept)
         start["optimizer_state"] = True
-    if args.resume and args.lr is not None:
+    if args.lr is not None:
         # --resume --lr X: a new cosine from X over the epochs that are left.
         start["schedule"] = {"base_lr": args.lr, "start_epoch": ckpt["epoch"]}
-    if args.resume and verbose:  # one process (rank 0) says what it resumed
+    if reports:  # one process says what it resumed
         print(resume_line(path, start, args, ckpt.get("imported", False)), flush=True)
     return start
 
@@ -165,13 +194,14 @@ def resume_line(path, start, args, imported=False):
     return f"resuming {path}{origin} after epoch {done}, best test acc {start['best_acc']:.4f}; {lr}"
 
 
-def preflight(args, writer):
-    """Fail before any work on what would fail later. Creates nothing.
+def preflight(args, reports):
+    """Fail before any work on what would fail later; then, for a training run, hold
+    --checkpoint-dir for this run until it ends (`hold_folder`).
 
-    Only the process that reads and writes checkpoints (rank 0) checks them: on
-    several hosts the others may not even see the folder.
+    Only the process that reads and writes checkpoints (the one that reports) checks
+    them: on several hosts the others may not even see the folder.
     """
-    if not writer:
+    if not reports:
         return
     if (args.resume or args.evaluate) and not os.path.isfile(checkpoint_path(args)):
         raise TrainerError(f"no checkpoint at {checkpoint_path(args)}: train without --resume first, "
@@ -185,7 +215,25 @@ def preflight(args, writer):
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
         raise TrainerError(f"cannot write to --checkpoint-dir {args.checkpoint_dir} ({parent} is not a "
                            "writable folder); fix its permissions or choose another folder")
-    existing = os.path.join(d, "ckpt.pth")
-    if not args.resume and not args.overwrite and os.path.exists(existing):
+    hold_folder(args.checkpoint_dir)
+    existing = os.path.join(d, LAST)
+    if not resuming(args) and not args.overwrite and os.path.exists(existing):
         raise UsageError(f"{existing} already exists; pass --resume to continue it, --overwrite to "
                          "replace it, or another --checkpoint-dir")
+
+
+def hold_folder(folder):
+    """Make --checkpoint-dir this run's until the process ends, or stop with one line naming
+    the run that holds it: two runs writing one folder would overwrite each other's
+    checkpoints and metrics in turn. A lock file the kernel drops with its process,
+    however it ends, so a restarted job takes the folder over once the old run is gone."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as e:
+        raise TrainerError(f"cannot create --checkpoint-dir {folder} ({e.strerror or e}); "
+                           "choose another folder") from e
+    owner = f"host {socket.gethostname()}, process {os.getpid()}"
+    holder = hold(os.path.join(folder, HOLDER), owner, hint="fix the permissions of --checkpoint-dir")
+    if holder is not None:
+        raise TrainerError(f"--checkpoint-dir {folder} is in use by another run ({holder or 'starting'}); "
+                           "wait for it to end, or choose another --checkpoint-dir")

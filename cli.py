@@ -1,44 +1,26 @@
-"""The command line: the training recipe, the flags and their checks, and errors as one line.
+"""The command line: the flags, their defaults and their checks.
 
-Every trainer builds its parser here, so `--help` shows one set of flags and
-defaults. The recipe below is the one place a hyperparameter is written down;
-flags take their defaults from it and the engine (utils.py) reads the rest.
+Every trainer builds its parser here, so `--help` shows one set of flags; their
+defaults come from the recipe (recipe.py). `parse_args` checks the flags, alone and
+together, and a bad one becomes a UsageError: one line, exit status 2 (launch.py
+prints it). The ports add their own groups: `add_horovod_args`, `add_elastic_args`,
+`add_ddp_args` (the flags the ports share are in `add_distributed_args`), and
+`check_adasum` checks Horovod's against values the port passes in.
 
-Horovod appears here by name only: `add_horovod_args` adds the port's flags
-(`add_distributed_args` those it shares with the DDP port),
-`check_adasum` checks them against values the port passes in, and `run_cli`
-recognises the launchers' rank variables and Horovod's peer-failure exception
-by name (torch.distributed's too). `run_cli` also turns Ctrl-C and SIGTERM into one
-line. Nothing here imports Horovod or torch.distributed, and nothing here trains.
+Only the entry points import this module; nothing here imports Horovod or
+torch.distributed, and nothing here trains.
 """
 import argparse
 import math
-import os
-import signal
-import sys
 
 import torch
 
+import data
 import models
-from errors import TrainerError, UsageError
-
-# pytorch-cifar's recipe (kuangliu), with the port's warm-up (Goyal et al. 2017).
-RECIPE = dict(
-    lr=0.1,               # base LR per process; SGD, cosine to 0 over `epochs`, stepped per epoch
-    momentum=0.9,
-    weight_decay=5e-4,
-    batch_size=128,       # images per step per process
-    epochs=200,
-    crop_padding=4,       # pixels of zero padding around the image before a random 32x32 crop
-    warmup_epochs=5,      # ports only: LR ramp from lr to lr * world size
-)
+from errors import UsageError
+from recipe import RECIPE
 
 COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-
-# Environment variables in which launchers give a process its rank before any init
-# (horovodrun, mpirun, other MPIs, torchrun).
-LAUNCHER_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK")
-
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
@@ -49,13 +31,18 @@ class _Parser(argparse.ArgumentParser):
 def build_parser(doc):
     p = _Parser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     a = p.add_argument
-    a("--arch", default="resnet18", help="model name from models.MODELS (default: %(default)s)")
+    a("--arch", default="resnet18", type=str.lower,
+      help="model name from models.MODELS, in any case: resnet18 or pytorch-cifar's ResNet18 "
+           "(default: %(default)s)")
     a("--lr", type=float, default=None,
       help=f"base learning rate per process (default: {RECIPE['lr']} on a fresh run; with --resume, "
            "the checkpoint's schedule continues unless --lr is given, which restarts the "
            "cosine from this value over the remaining epochs)")
     a("--epochs", type=int, default=RECIPE["epochs"],
       help="total epochs, including resumed ones (default: %(default)s)")
+    a("--target-acc", type=float, default=None, metavar="ACC",
+      help="end the run after the first epoch whose test accuracy reaches ACC (a fraction, e.g. "
+           "0.94) and say at which epoch and after how much training time")
     a("--stop-at", type=int, default=None, metavar="EPOCH",
       help="end this run after epoch EPOCH while the schedule still spans --epochs, "
            "e.g. to fit a job's time limit; continue later with --resume")
@@ -78,6 +65,9 @@ def build_parser(doc):
       help="file that --resume and --evaluate read (default: CHECKPOINT_DIR/ckpt.pth); "
            "pytorch-cifar checkpoints are accepted too")
     a("-r", "--resume", action="store_true", help="continue from the checkpoint")
+    a("--auto-resume", action="store_true",
+      help="continue from CHECKPOINT_DIR/ckpt.pth when it exists, else start fresh: one command "
+           "for a job's first run and its restarts (a requeued Slurm job)")
     a("--overwrite", action="store_true",
       help="start fresh even though CHECKPOINT_DIR holds a checkpoint (replaced at the first save)")
     a("--evaluate", action="store_true", help="evaluate the checkpoint on the test set and exit")
@@ -99,6 +89,10 @@ def build_parser(doc):
     a("--profile-steps", type=int, default=0, metavar="N",
       help="time forward, backward, allreduce wait and optimizer step over the first N steps "
            "and print the medians from rank 0; adds device syncs, so off by default")
+    a("--stop-signal", choices=("USR1", "USR2"), default=None,
+      help="also stop cleanly on this signal, as on SIGTERM: every rank ends with one line, the "
+           "last finished epoch in the checkpoint, exit status 128 + the signal's number "
+           "(Slurm: sbatch --signal=USR2@120, or scancel -s USR2)")
     a("--debug", action="store_true", help="show full tracebacks on errors")
     return p
 
@@ -128,6 +122,14 @@ def add_horovod_args(p):
     return p
 
 
+def add_elastic_args(p):
+    """The elastic port's flags (main_elastic.py): Horovod's, less what an elastic job
+    cannot do, which parse_args refuses in one line."""
+    add_horovod_args(p)
+    p.elastic = True
+    return p
+
+
 def add_ddp_args(p):
     """The DDP port's flags (main_ddp.py): the shared ones."""
     add_distributed_args(p, "DDP")
@@ -139,20 +141,21 @@ def parse_args(parser, argv=None):
     args = parser.parse_args(argv)
     port = vars(args)
     positive = {"--epochs": args.epochs, "--batch-size": args.batch_size,
-                "--log-interval": args.log_interval, "--synthetic-size": args.synthetic_size,
+                "--log-interval": args.log_interval,
                 "--batches-per-allreduce": port.get("batches_per_allreduce", 1)}
     for flag, v in positive.items():
         if v <= 0:
             raise UsageError(f"{flag} must be positive (got {v})")
     if args.stop_at is not None and not 0 < args.stop_at <= args.epochs:
         raise UsageError(f"--stop-at must be between 1 and --epochs {args.epochs} (got {args.stop_at})")
+    if args.target_acc is not None and not 0 < args.target_acc <= 1:
+        raise UsageError(f"--target-acc is a fraction of the test set between 0 and 1, e.g. 0.94 "
+                         f"(got {args.target_acc})")
     if args.lr is not None and not (args.lr > 0 and math.isfinite(args.lr)):
         raise UsageError(f"--lr must be a positive number (got {args.lr})")
     if args.workers < 0 or args.profile_steps < 0 or port.get("warmup_epochs", 0) < 0:
         raise UsageError("--workers, --profile-steps and --warmup-epochs must not be negative")
-    if args.synthetic_size % 5:
-        raise UsageError(f"--synthetic-size must be a multiple of 5 (got {args.synthetic_size}): "
-                         "it is split over 5 batch files")
+    data.check_synthetic_size(args.synthetic_size)
     if args.arch not in models.MODELS:
         raise UsageError(f"unknown --arch {args.arch!r}; choose one of: {', '.join(sorted(models.MODELS))}")
     if port.get("use_adasum") and args.amp and args.amp_dtype == "float16":
@@ -164,10 +167,16 @@ def parse_args(parser, argv=None):
     if args.compile in ("reduce-overhead", "max-autotune") and not torch.cuda.is_available():
         raise UsageError(f"--compile {args.compile} captures CUDA graphs and needs CUDA; on the CPU "
                          "use --compile (default mode) or --compile max-autotune-no-cudagraphs")
-    if args.resume and args.evaluate:
+    if (args.resume or args.auto_resume) and args.evaluate:
         raise UsageError("--resume and --evaluate do not go together: --evaluate reads the checkpoint on its own")
-    if args.resume and args.overwrite:
-        raise UsageError("--resume and --overwrite do not go together: pick one")
+    if sum((args.resume, args.auto_resume, args.overwrite)) > 1:
+        raise UsageError("--resume, --auto-resume and --overwrite do not go together: pick one")
+    if getattr(parser, "elastic", False):
+        if args.evaluate:
+            raise UsageError("main_elastic.py only trains; evaluate with main.py --evaluate")
+        if args.use_adasum:
+            raise UsageError("--use-adasum needs Horovod's MPI controller, and elastic runs use "
+                             "gloo; use main_horovod.py for Adasum")
     return args
 
 
@@ -184,79 +193,3 @@ def check_adasum(args, size, mpi_enabled):
         raise UsageError("--use-adasum needs Horovod's MPI controller: launch with horovodrun --mpi or mpirun")
     if size & (size - 1):
         raise UsageError(f"--use-adasum needs a power-of-two number of processes, not {size}")
-
-
-def launcher_rank():
-    """This process's rank as its launcher set it, known before any init (0 without one)."""
-    for var in LAUNCHER_RANK_VARS:
-        if var in os.environ:
-            return int(os.environ[var])
-    return 0
-
-
-def torchrun_local():
-    """(local rank, local size) as torchrun gives them; (0, 1) without torchrun."""
-    return int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-
-
-def peer_failed(e):
-    """Whether `e` is how a collective fails when another rank has failed or died:
-    Horovod's HorovodInternalError, torch.distributed's backend errors, or gloo's
-    transport error (a RuntimeError naming gloo's transport). Matched by name: neither
-    library is imported here."""
-    if type(e).__name__ in ("HorovodInternalError", "DistBackendError", "DistNetworkError"):
-        return True
-    return isinstance(e, RuntimeError) and "gloo/transport/" in str(e)
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread as Ctrl-C raises KeyboardInterrupt: schedulers
-    send it on pre-emption and at time limits, launchers when they end a job. Not an
-    Exception, so no `except Exception` swallows it, and atomic writes on the way out
-    remove their temporaries."""
-
-
-def _raise_terminated(signum, frame):
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
-    raise Terminated()
-
-
-def run_cli(main, argv=None, finish=None):
-    """Run main(), then finish() if given and main() returned; turn a TrainerError, Ctrl-C or
-    SIGTERM into one line on stderr and an exit status."""
-    argv = sys.argv[1:] if argv is None else argv
-    prog = os.path.basename(sys.argv[0] or "main.py")
-    launched = any(v in os.environ for v in LAUNCHER_RANK_VARS)
-    where = f" (rank {launcher_rank()})" if launched else ""
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
-    try:
-        try:
-            main(argv)
-            if finish:
-                finish()
-        finally:  # SIGTERM as it was, so that none interrupts the one-line exits below
-            signal.signal(signal.SIGTERM, previous)
-        return 0
-    except TrainerError as e:
-        if "--debug" in argv:
-            raise
-        # Every rank hits a usage error alike, so rank 0 alone says it. Other
-        # errors may be one rank's alone, so each says which rank it is.
-        if not isinstance(e, UsageError):
-            print(f"{prog}: error{where}: {e}", file=sys.stderr, flush=True)
-        elif launcher_rank() == 0:
-            print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
-        return e.exit_code
-    except Exception as e:
-        # The surviving ranks' collectives fail when another rank failed or died;
-        # that rank has said why.
-        if not peer_failed(e) or "--debug" in argv:
-            raise
-        print(f"{prog}: error{where}: stopping because another rank failed or exited "
-              "(its error is above)", file=sys.stderr, flush=True)
-        return 1
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (128 + 15, as the shell reports it)
-        how, code = (" by SIGTERM", 143) if isinstance(e, Terminated) else ("", 130)
-        print(f"{prog}: interrupted{where}{how}; the last finished epoch is in the checkpoint",
-              file=sys.stderr, flush=True)
-        return code

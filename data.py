@@ -12,7 +12,6 @@ whose `data` is uint8 N x 3072 (the R, G and B planes of a 32x32 image) and
 whose `labels` is a list of ints.
 """
 import functools
-import math
 import os
 import pickle
 import shutil
@@ -21,7 +20,7 @@ import tempfile
 import numpy as np
 import torch
 
-from errors import TrainerError
+from errors import TrainerError, UsageError
 from safeio import atomic_write, once
 
 FOLDER = "cifar-10-batches-py"
@@ -125,11 +124,16 @@ def _write_pickle(path, obj):
                  hint="free space or fix permissions in --data-dir, then run again")
 
 
+def check_synthetic_size(train_size):
+    """The training set is split evenly over the 5 batch files."""
+    if train_size < 5 or train_size % 5:
+        raise UsageError(f"--synthetic-size must be a positive multiple of 5 (got {train_size}): "
+                         "it is split over 5 batch files")
+
+
 def generate_synthetic(folder, train_size, test_size, seed):
     """Write a synthetic dataset in the CIFAR-10 on-disk format, deterministically from seed."""
-    if train_size < 5 or train_size % 5:
-        raise TrainerError(f"--synthetic-size must be a positive multiple of 5 (got {train_size}): "
-                           "it is split over 5 batch files")
+    check_synthetic_size(train_size)
     os.makedirs(folder, exist_ok=True)
     rng = np.random.default_rng(seed)
     per_file = train_size // 5

@@ -1,42 +1,70 @@
 """Where a process computes: its GPU, or its share of the CPU cores.
 
-`pick_device(local_rank, local_size)` is all the trainers call. On a GPU host
-it takes GPU `local_rank`; on the CPU it divides the host's cores between its
-local processes so they do not oversubscribe it. Nothing here talks to another
-process: the ports pass in their local rank and size.
+Two calls, in this order: `pick_device(local_rank, local_size)` chooses the device,
+and `share_cores(device, local_rank, local_size)` divides the host's cores between
+its local processes on the CPU, so they do not oversubscribe it. Nothing here talks
+to another process: the ports pass in their local rank and size.
 """
 import os
 
 import torch
 
+from errors import UsageError
+
 
 def pick_device(local_rank=0, local_size=1):
-    """The GPU numbered local_rank, or the CPU with its cores split among the
-    local_size processes on this host.
-
-    On the CPU, a process that its launcher did not bind to cores (horovodrun
-    does not; mpirun does) is pinned, every thread of it, to its own share of the
-    cores it may use, and runs that many torch threads. Unpinned, the ranks'
-    compute threads and Horovod's background threads wander between cores
-    (measured at np=2 on 2 cores: 20% fewer images/s). With more local processes
-    than cores none is pinned, and each runs one thread. OMP_NUM_THREADS set by
-    the user turns all this off (threads_chosen: torchrun's own setting does not).
-    Called again after an elastic reset, it splits
-    the cores the process started with among the new local size."""
-    if torch.cuda.is_available():
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-    if threads_chosen():  # the user's choice, which torch has already read
+    """This process's GPU (gpu_index), or the CPU where there is none."""
+    if not torch.cuda.is_available():
         return torch.device("cpu")
-    if not hasattr(pick_device, "start"):
-        pick_device.start = (ordered_cores(os.sched_getaffinity(0)), launcher_bound())
-    cores, bound = pick_device.start
+    index = gpu_index(local_rank, local_size, torch.cuda.device_count())
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
+
+
+def gpu_index(local_rank, local_size, visible):
+    """Which of the `visible` GPUs local rank `local_rank` of `local_size` takes.
+
+    With a GPU for every local process, its own. With one visible GPU, that one: a launcher
+    or container that gives each process its own GPU shows it as device 0 (Slurm's
+    --gpus-per-task=1 or --gpu-bind, CUDA_VISIBLE_DEVICES set per process). Fewer GPUs than
+    processes, but more than one, is a one-line error: two processes would share a GPU."""
+    if visible >= local_size:
+        return local_rank
+    if visible == 1:
+        return 0
+    shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+    raise UsageError(f"{local_size} processes on this host, but {visible} GPUs visible to each"
+                     + (f" (CUDA_VISIBLE_DEVICES={shown})" if shown is not None else "")
+                     + f"; start at most {visible} processes per host, or give each its own GPU "
+                       "(e.g. srun --gpus-per-task=1)")
+
+
+def starting_cores():
+    """(cores, bound): the cores this process may use, hyperthread siblings together, and
+    whether a launcher bound it to them. Taken once at the start: an elastic worker keeps
+    it, to share the same cores anew after the world changes."""
+    return ordered_cores(os.sched_getaffinity(0)), launcher_bound()
+
+
+def share_cores(device, local_rank=0, local_size=1, start=None):
+    """On the CPU, this process's share of the cores among the local_size processes on
+    its host; nothing on a GPU. `start`: starting_cores() as taken at the start.
+
+    A process that its launcher did not bind to cores (horovodrun does not; mpirun does)
+    is pinned, every thread of it, to its own share of the cores it may use, and runs
+    that many torch threads. Unpinned, the ranks' compute threads and Horovod's
+    background threads wander between cores (measured at np=2 on 2 cores: 20% fewer
+    images/s). With more local processes than cores none is pinned, and each runs one
+    thread. OMP_NUM_THREADS set by the user turns all this off (threads_chosen:
+    torchrun's own setting does not)."""
+    if device.type != "cpu" or threads_chosen():  # the user's choice, which torch has already read
+        return
+    cores, bound = start or starting_cores()
     threads = len(cores)
     if not bound:  # else a launcher's binding is used as it is
         cores, threads = core_share(cores, local_rank, local_size)
         pin_process(cores)
     torch.set_num_threads(threads)
-    return torch.device("cpu")
 
 
 def threads_chosen():

@@ -5,9 +5,9 @@ main_horovod.py on many processes with Horovod, main_ddp.py with PyTorch's DDP.
   python main.py --arch resnet18                      # ckpt.pth, metrics.csv in ./checkpoint
   python main.py --resume --lr 0.01                   # continue with a new cosine from 0.01
   python main.py --evaluate                           # test the checkpoint and exit
-  horovodrun -np 4 python main_horovod.py --arch resnet18
-  mpirun -np 4 --hostfile hostfile python main_horovod.py --arch resnet18
-  torchrun --nproc_per_node 4 main_ddp.py --arch resnet18
+  horovodrun -np 2 python main_horovod.py --arch resnet18
+  mpirun -np 2 --hostfile hostfile python main_horovod.py --arch resnet18
+  torchrun --nproc_per_node 2 main_ddp.py --arch resnet18
   python main.py --dataset synthetic --arch lenet --epochs 2   # no download needed
 """
 import sys
@@ -17,54 +17,56 @@ import checkpoints
 import cli
 import data
 import devices
+import launch
 import runlog
 import utils
 
 
 def main(argv=None):
     args = cli.parse_args(cli.build_parser(__doc__), argv)
-    rank, size = 0, 1
+    launch.stop_on(args.stop_signal)  # a scheduler's warning signal, as SIGTERM
     device = devices.pick_device()
-    allreduce = utils.local_sum
-    verbose = rank == 0
-    progress = runlog.Progress(verbose)
+    devices.share_cores(device)
+    port = utils.Port()  # one process: rank 0 of 1, its metric sums its own
+    reports = port.reports
 
-    checkpoints.preflight(args, verbose)
+    checkpoints.preflight(args, reports)
     data.prepare(args)
     train_set, test_set = data.load(args)
-    train_loader, test_loader = utils.make_loaders(args, train_set, test_set, device, rank, size)
+    train_loader, test_loader = utils.make_loaders(args, train_set, test_set, device, port)
 
     model = utils.build_model(args, device)
-    lr_scale = 1
     optimizer = utils.make_optimizer(model)
     start = checkpoints.restore(args, model, optimizer)
     scaler = utils.make_scaler(args, device, start["scaler"])
-    schedule = utils.LRSchedule(**start["schedule"], epochs=args.epochs, scale=lr_scale,
+    schedule = utils.LRSchedule(**start["schedule"], epochs=args.epochs, scale=port.lr_scale,
                                 warmup_epochs=0)
     train_model = utils.training_model(args, model, optimizer)
 
     if args.evaluate:
-        test = utils.evaluate(train_model, test_loader, args, progress, allreduce)
-        progress.write(runlog.evaluation_line(test))
+        test = utils.evaluate(train_model, test_loader, args, port)
+        runlog.report_evaluation(test, reports)
         return model, test
 
-    log = runlog.RunLog(args, verbose, size, start["history"], purge_step=start["epoch"] + 1)
+    log = runlog.RunLog(args, reports, port.size, start["history"], start["epoch"])
     best_acc = start["best_acc"]
     for epoch in range(start["epoch"], cli.last_epoch(args)):
-        train_loader.set_epoch(epoch)
-        utils.seed_epoch(args.seed, epoch, rank)
+        if log.target_reached():  # --target-acc: the last epoch reached it
+            break
         t0 = time.perf_counter()
         train = utils.train_epoch(train_model, train_loader, optimizer, scaler, schedule, epoch,
-                                  args, progress, allreduce, profile_epoch=start["epoch"])
+                                  args, port, profile=epoch == start["epoch"])
         seconds = time.perf_counter() - t0
-        test = utils.evaluate(train_model, test_loader, args, progress, allreduce)
+        test = utils.evaluate(train_model, test_loader, args, port)
         is_best, best_acc = test["acc"] > best_acc, max(best_acc, test["acc"])
+        history = log.add(epoch, train, test, seconds)  # the epoch's line and metrics row
         state = checkpoints.checkpoint_state(args, model, optimizer, scaler, schedule, epoch + 1,
-                                             best_acc, size)
-        log.epoch_end(epoch, train, test, seconds, state, is_best)
+                                             best_acc, port.size, history)
+        checkpoints.save(args, state, is_best, reports)
+        log.write()  # metrics.csv after the checkpoint that holds its rows
     log.close()
     return model, log.history
 
 
 if __name__ == "__main__":
-    sys.exit(cli.run_cli(main))
+    sys.exit(launch.run_cli(main))

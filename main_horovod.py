@@ -5,12 +5,11 @@ main_horovod.py on many processes with Horovod, main_ddp.py with PyTorch's DDP.
   python main.py --arch resnet18                      # ckpt.pth, metrics.csv in ./checkpoint
   python main.py --resume --lr 0.01                   # continue with a new cosine from 0.01
   python main.py --evaluate                           # test the checkpoint and exit
-  horovodrun -np 4 python main_horovod.py --arch resnet18
-  mpirun -np 4 --hostfile hostfile python main_horovod.py --arch resnet18
-  torchrun --nproc_per_node 4 main_ddp.py --arch resnet18
+  horovodrun -np 2 python main_horovod.py --arch resnet18
+  mpirun -np 2 --hostfile hostfile python main_horovod.py --arch resnet18
+  torchrun --nproc_per_node 2 main_ddp.py --arch resnet18
   python main.py --dataset synthetic --arch lenet --epochs 2   # no download needed
 """
-import functools  # Horovod: for the metric allreduce below
 import sys
 import time
 
@@ -19,6 +18,7 @@ import cli
 import data
 import devices
 import horovod.torch as hvd  # Horovod: the PyTorch binding; main.py runs without it
+import launch
 import layout  # Horovod: its collectives take contiguous tensors only
 import runlog
 import utils
@@ -26,65 +26,71 @@ import utils
 
 def main(argv=None):
     args = cli.parse_args(cli.add_horovod_args(cli.build_parser(__doc__)), argv)  # Horovod: flags
+    launch.stop_on(args.stop_signal)  # a scheduler's warning signal, as SIGTERM
     hvd.init()  # Horovod: join the job; rank and size are plain values from here on
-    rank, size = hvd.rank(), hvd.size()
-    device = devices.pick_device(hvd.local_rank(), hvd.local_size())  # one GPU per process
-    allreduce = functools.partial(hvd.allreduce, op=hvd.Sum)  # metric sums, once per interval
-    verbose = rank == 0
-    progress = runlog.Progress(verbose)
+    device = devices.pick_device(hvd.local_rank(), hvd.local_size())  # one GPU per process,
+    devices.share_cores(device, hvd.local_rank(), hvd.local_size())  # or a share of the cores
+    cli.check_adasum(args, hvd.size(), hvd.mpi_enabled())  # Horovod: Adasum's own limits
+    local = hvd.local_size() if device.type == "cuda" and hvd.nccl_built() else 1  # NCCL's mean
+    port = utils.Port(hvd.rank(), hvd.size(), lambda t: hvd.allreduce(t, op=hvd.Sum),  # metrics,
+                      args.batches_per_allreduce * (local if args.use_adasum else hvd.size()),
+                      args.batches_per_allreduce, adasum=args.use_adasum)  # LR x size
+    reports = port.reports
 
-    checkpoints.preflight(args, verbose)
+    checkpoints.preflight(args, reports)
     if hvd.local_rank() == 0:  # Horovod: one process per host prepares the data
         data.prepare(args)
     hvd.barrier()  # while the others wait, so no two write the same files
     train_set, test_set = data.load(args)
-    train_loader, test_loader = utils.make_loaders(args, train_set, test_set, device, rank, size)
+    train_loader, test_loader = utils.make_loaders(args, train_set, test_set, device, port)
 
     model = utils.build_model(args, device)
     if args.sync_bn:  # Horovod: BatchNorm statistics over the global batch
         model = utils.replace_batchnorm(model, hvd.SyncBatchNorm)
-    cli.check_adasum(args, size, hvd.mpi_enabled())  # Horovod: LR x size; Adasum needs no scaling
-    local = hvd.local_size() if device.type == "cuda" and hvd.nccl_built() else 1  # but NCCL's
-    lr_scale = args.batches_per_allreduce * (local if args.use_adasum else size)  # local average
-    optimizer = utils.make_optimizer(model)
-    optimizer = hvd.DistributedOptimizer(  # Horovod: allreduce gradients during backward
-        optimizer, named_parameters=model.named_parameters(),
-        compression=layout.GradLayout(  # channels_last gradients go as contiguous views
-            hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none),
-        backward_passes_per_step=args.batches_per_allreduce,  # k backward passes per allreduce
-        op=hvd.Adasum if args.use_adasum else hvd.Average)
-    start = checkpoints.restore(args, model, optimizer) if rank == 0 else None  # rank 0 reads
+    optimizer = distributed_optimizer(args, model, utils.make_optimizer(model))  # allreduce grads
+    start = checkpoints.restore(args, model, optimizer) if reports else None  # rank 0 reads
     start = hvd.broadcast_object(start, root_rank=0, name="start")  # and sends where to start,
     if start["optimizer_state"]:  # the optimizer state if any (fresh, Horovod takes a hidden step),
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # then the weights
     scaler = utils.make_scaler(args, device, start["scaler"])
-    schedule = utils.LRSchedule(**start["schedule"], epochs=args.epochs, scale=lr_scale,
+    schedule = utils.LRSchedule(**start["schedule"], epochs=args.epochs, scale=port.lr_scale,
                                 warmup_epochs=args.warmup_epochs)  # Horovod: ramp up to it
     train_model = utils.training_model(args, model, optimizer)
 
     if args.evaluate:
-        test = utils.evaluate(train_model, test_loader, args, progress, allreduce)
-        progress.write(runlog.evaluation_line(test))
+        test = utils.evaluate(train_model, test_loader, args, port)
+        runlog.report_evaluation(test, reports)
         return model, test
 
-    log = runlog.RunLog(args, verbose, size, start["history"], purge_step=start["epoch"] + 1)
+    log = runlog.RunLog(args, reports, port.size, start["history"], start["epoch"])
     best_acc = start["best_acc"]
     for epoch in range(start["epoch"], cli.last_epoch(args)):
-        train_loader.set_epoch(epoch)
-        utils.seed_epoch(args.seed, epoch, rank)
+        if log.target_reached():  # --target-acc: the last epoch reached it
+            break
         t0 = time.perf_counter()
         train = utils.train_epoch(train_model, train_loader, optimizer, scaler, schedule, epoch,
-                                  args, progress, allreduce, profile_epoch=start["epoch"])
+                                  args, port, profile=epoch == start["epoch"])
         seconds = time.perf_counter() - t0
-        test = utils.evaluate(train_model, test_loader, args, progress, allreduce)
+        test = utils.evaluate(train_model, test_loader, args, port)
         is_best, best_acc = test["acc"] > best_acc, max(best_acc, test["acc"])
+        history = log.add(epoch, train, test, seconds)  # the epoch's line and metrics row
         state = checkpoints.checkpoint_state(args, model, optimizer, scaler, schedule, epoch + 1,
-                                             best_acc, size)
-        log.epoch_end(epoch, train, test, seconds, state, is_best)
+                                             best_acc, port.size, history)
+        checkpoints.save(args, state, is_best, reports)
+        log.write()  # metrics.csv after the checkpoint that holds its rows
     log.close()
     return model, log.history
 
 
+def distributed_optimizer(args, model, optimizer):  # Horovod: allreduce gradients in backward
+    return hvd.DistributedOptimizer(
+        optimizer, named_parameters=model.named_parameters(),
+        compression=layout.GradLayout(  # channels_last gradients go as contiguous views
+            hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none),
+        backward_passes_per_step=args.batches_per_allreduce,  # k backward passes per allreduce
+        op=hvd.Adasum if args.use_adasum else hvd.Average)
+
+
 if __name__ == "__main__":
-    sys.exit(cli.run_cli(main))
+    sys.exit(launch.run_cli(main))

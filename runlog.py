@@ -1,7 +1,7 @@
-"""What a run shows and leaves behind: progress, per-phase timings, epoch lines,
-metrics.csv, TensorBoard, curves.png, and the checkpoint saves at each epoch's end.
+"""What a run reports: progress, per-phase timings, epoch lines, metrics.csv,
+TensorBoard and curves.png. Checkpoints are saved by checkpoints.py, not here.
 
-Every writer here takes `enabled` (rank 0 is a value): the other ranks build
+Every reporter here takes `reports` (rank 0 is a value): the other ranks build
 the same objects and they do nothing. Nothing here talks to other processes:
 the numbers it shows were reduced before they arrive.
 """
@@ -14,12 +14,11 @@ import time
 
 import torch
 
-from checkpoints import save_checkpoint
 from errors import TrainerError
 from safeio import atomic_write
 
 METRICS_COLUMNS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc",
-                   "epoch_time_s", "images_per_s", "world_size")
+                   "epoch_time_s", "train_time_s", "images_per_s", "world_size")
 
 
 class Progress:
@@ -27,13 +26,13 @@ class Progress:
     mpirun and horovodrun pipes) a redrawn bar would be a flood of carriage
     returns, so each log interval prints one plain line instead."""
 
-    def __init__(self, enabled):
-        self.enabled = enabled
+    def __init__(self, reports):
+        self.reports = reports
         self.tty = sys.stderr.isatty()
 
     def bar(self, total, desc):
         from tqdm import tqdm
-        return tqdm(total=total, desc=desc, disable=not (self.enabled and self.tty), leave=False,
+        return tqdm(total=total, desc=desc, disable=not (self.reports and self.tty), leave=False,
                     dynamic_ncols=True, file=sys.stderr)
 
     def interval(self, bar, desc, step, total, **values):
@@ -41,11 +40,11 @@ class Progress:
         text = {k: f"{v:.4g}" for k, v in values.items()}
         if self.tty:
             bar.set_postfix(text)
-        elif self.enabled:
+        elif self.reports:
             print(f"{desc} [{step}/{total}] " + " ".join(f"{k} {v}" for k, v in text.items()), flush=True)
 
     def write(self, line):
-        if self.enabled:
+        if self.reports:
             print(line, flush=True)
 
 
@@ -93,43 +92,50 @@ class PhaseTimer:
 
 
 class RunLog:
-    """Everything a run leaves behind. Only the process with enabled=True writes."""
+    """The epoch lines, metrics.csv, TensorBoard and curves.png of a run. Only the process
+    with reports=True writes; every process keeps the history."""
 
-    def __init__(self, args, enabled, world_size, history, purge_step=None):
-        self.args, self.enabled, self.world_size = args, enabled, world_size
-        self.history = list(history)
+    def __init__(self, args, reports, world_size, history, first_epoch=0):
+        """first_epoch: the 0-based epoch this run starts at; TensorBoard drops the events
+        a crashed run wrote after it."""
+        self.args, self.reports, self.world_size = args, reports, world_size
+        self.history = with_train_time(history)
         self.dir = args.checkpoint_dir
-        self.writer = None
-        if enabled:
+        self._tb = None
+        if reports:
             try:
                 os.makedirs(self.dir, exist_ok=True)
             except OSError as e:
                 raise TrainerError(f"cannot create --checkpoint-dir {self.dir} ({e.strerror or e}); "
                                    "choose another folder") from e
             from torch.utils.tensorboard import SummaryWriter  # lazy: heavy import
-            self.writer = SummaryWriter(os.path.join(self.dir, "tb"), purge_step=purge_step)
+            self._tb = SummaryWriter(os.path.join(self.dir, "tb"), purge_step=first_epoch + 1)
 
-    def epoch_end(self, epoch, train, test, seconds, state, is_best):
+    def add(self, epoch, train, test, seconds):
+        """Print the epoch's line and add its row; returns the history, for the checkpoint."""
+        before = self.history[-1]["train_time_s"] if self.history else 0.0
         row = {"epoch": epoch + 1, "lr": train["lr"], "train_loss": train["loss"], "train_acc": train["acc"],
                "test_loss": test["loss"], "test_acc": test["acc"], "epoch_time_s": seconds,
-               "images_per_s": train["images"] / max(seconds, 1e-9), "world_size": self.world_size}
+               "train_time_s": before + seconds, "images_per_s": train["images"] / max(seconds, 1e-9),
+               "world_size": self.world_size}
         self.history.append(row)
-        if not self.enabled:
+        if self.reports:
+            print(f"epoch {epoch + 1}/{self.args.epochs}  lr {row['lr']:.4g}  "
+                  f"train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f}  "
+                  f"test loss {row['test_loss']:.4f} acc {row['test_acc']:.4f}  "
+                  f"{seconds:.1f}s {row['images_per_s']:.0f} img/s  world {self.world_size}", flush=True)
+        return list(self.history)
+
+    def write(self):
+        """metrics.csv and TensorBoard up to the last row. Called after the epoch's checkpoint
+        is saved: a crash in between loses no row, and a resume rewrites the file from it."""
+        if not self.reports:
             return
-        print(f"epoch {epoch + 1}/{self.args.epochs}  lr {row['lr']:.4g}  "
-              f"train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f}  "
-              f"test loss {row['test_loss']:.4f} acc {row['test_acc']:.4f}  "
-              f"{seconds:.1f}s {row['images_per_s']:.0f} img/s  world {self.world_size}", flush=True)
-        state = dict(state, history=self.history)
-        # The checkpoint first, then metrics.csv from the same history: a crash in
-        # between loses no row, and a resume rewrites the file from the checkpoint.
-        save_checkpoint(os.path.join(self.dir, "ckpt.pth"), state)
-        if is_best:
-            save_checkpoint(os.path.join(self.dir, "best.pth"), state)
         self.write_csv()
+        row = self.history[-1]
         for k in ("lr", "train_loss", "train_acc", "test_loss", "test_acc", "images_per_s"):
-            self.writer.add_scalar(k, row[k], epoch + 1)
-        self.writer.flush()
+            self._tb.add_scalar(k, row[k], row["epoch"])
+        self._tb.flush()
 
     def write_csv(self):
         def write(f):
@@ -140,12 +146,53 @@ class RunLog:
             f.write(text.getvalue().encode())
         atomic_write(os.path.join(self.dir, "metrics.csv"), write)
 
-    def close(self):
-        if not self.enabled:
+    def target_reached(self):
+        """Whether an epoch so far (resumed ones too) reached --target-acc: the run ends there."""
+        return first_reaching(self.history, getattr(self.args, "target_acc", None)) is not None
+
+    def close(self, final=True):
+        """End the run's reporting: draw curves.png and say whether --target-acc was reached.
+        final=False ends only this object's writer (an elastic world that is replaced)."""
+        if self._tb is None:
             return
-        self.writer.close()
-        if self.history:
+        self._tb.close()
+        self._tb = None
+        if final and self.history:
             plot_curves(self.history, os.path.join(self.dir, "curves.png"))
+        target = getattr(self.args, "target_acc", None)
+        if final and target is not None:
+            print(target_line(self.history, target), flush=True)
+
+
+def with_train_time(history):
+    """The history's rows, each with train_time_s, the training time up to its end (rows of
+    checkpoints written before the column existed get it from their epoch times)."""
+    rows, total = [], 0.0
+    for r in history:
+        total = r.get("train_time_s", total + r["epoch_time_s"])
+        rows.append(dict(r, train_time_s=total))
+    return rows
+
+
+def first_reaching(history, target):
+    """The first row whose test accuracy reached `target`, or None (also without a target)."""
+    if target is None:
+        return None
+    return next((r for r in history if r["test_acc"] >= target), None)
+
+
+def target_line(history, target):
+    """--target-acc's one line: the epoch and training time that reached it, or that none did."""
+    hit = first_reaching(history, target)
+    if hit is not None:
+        return (f"target test accuracy {target:g} reached at epoch {hit['epoch']} after "
+                f"{hit['train_time_s']:.1f} s of training")
+    if not history:
+        return f"target test accuracy {target:g} not reached: no epoch trained"
+    best = max(history, key=lambda r: r["test_acc"])
+    return (f"target test accuracy {target:g} not reached by epoch {history[-1]['epoch']} "
+            f"(best {best['test_acc']:.4f} at epoch {best['epoch']}; "
+            f"{history[-1]['train_time_s']:.1f} s of training)")
 
 
 def plot_curves(history, path):
@@ -153,7 +200,7 @@ def plot_curves(history, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     ep = [r["epoch"] for r in history]
-    fig, ax = plt.subplots(2, 2, figsize=(10, 7))
+    fig, ax = plt.subplots(2, 3, figsize=(14, 7))
     ax[0, 0].plot(ep, [r["train_loss"] for r in history], label="train")
     ax[0, 0].plot(ep, [r["test_loss"] for r in history], label="test")
     ax[0, 0].set_title("loss")
@@ -167,6 +214,10 @@ def plot_curves(history, path):
     for a in ax.flat:
         a.set_xlabel("epoch")
         a.grid(alpha=0.3)
+    ax[0, 2].plot([r["train_time_s"] for r in history], [r["test_acc"] for r in history], marker=".")
+    ax[0, 2].set_title("test accuracy against training time")
+    ax[0, 2].set_xlabel("training time (s)")
+    ax[1, 2].axis("off")
     ax[0, 0].legend()
     ax[0, 1].legend()
     fig.tight_layout()
@@ -177,3 +228,8 @@ def plot_curves(history, path):
 def evaluation_line(test):
     """The last line of --evaluate, for scripts: accuracy as a fraction."""
     return f"test_loss={test['loss']:.6f} test_acc={test['acc']:.6f} images={test['images']}"
+
+
+def report_evaluation(test, reports):
+    """--evaluate's result, printed by the rank that reports."""
+    Progress(reports).write(evaluation_line(test))

@@ -3,9 +3,11 @@
 `atomic_write` writes to a temporary file with a unique name beside the target,
 fsyncs it and renames it over the target, so a reader, a crash, a full disk or
 another process writing the same file at the same moment never leaves a partial
-file behind. `once` does a piece of work once however many processes, on however
-many hosts sharing the folder, ask for it at the same time. Nothing here knows what
-the files hold.
+file behind; the file gets the mode a plain open() would give it (0666 less the
+umask), so a group shares what the run writes where the umask lets it. `once` does
+a piece of work once however many processes, on however many hosts sharing the
+folder, ask for it at the same time; `hold` keeps a folder for one process at a time.
+Nothing here knows what the files hold.
 """
 import contextlib
 import fcntl
@@ -22,6 +24,7 @@ def atomic_write(path, write, hint="free space or fix permissions, then --resume
     folder = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
     try:
+        os.fchmod(fd, 0o666 & ~umask())  # mkstemp's 0600 would keep the file from the group
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
@@ -45,6 +48,28 @@ def atomic_write(path, write, hint="free space or fix permissions, then --resume
             os.close(dfd)
 
 
+def umask():
+    """This process's umask, read without changing it (Linux's /proc), else by setting it back."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _lock_file(path, hint):
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        return os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise TrainerError(f"cannot create the lock file {path} ({e.strerror or e}): {hint}") from e
+
+
 @contextlib.contextmanager
 def locked(path, hint="fix the folder's permissions"):
     """Hold an exclusive lock on the file `path` (made if missing) for the block.
@@ -52,11 +77,7 @@ def locked(path, hint="fix the folder's permissions"):
     fcntl.flock: the kernel releases it when the process ends, however it ends, and
     NFS v4 carries it between hosts. The file is left behind, empty: removing a lock
     file that another process may be about to lock would let two in at once."""
-    try:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError as e:
-        raise TrainerError(f"cannot create the lock file {path} ({e.strerror or e}): {hint}") from e
+    fd = _lock_file(path, hint)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -77,3 +98,27 @@ def once(lock_path, done, work, hint="fix the folder's permissions"):
             return False
         work()
         return True
+
+
+_held = {}  # lock file path -> its descriptor, open for the life of the process
+
+
+def hold(path, owner, hint="fix the folder's permissions"):
+    """Take the exclusive lock on the file `path` (made if missing) without waiting, and keep
+    it for the rest of this process's life: the kernel drops it when the process ends,
+    however it ends, and NFS v4 carries it between hosts. Writes `owner` into the file for
+    whoever finds it held. Returns None once held (again if already held here), else what
+    the holder wrote ("" if it has not written yet)."""
+    path = os.path.abspath(path)
+    if path in _held:
+        return None
+    fd = _lock_file(path, hint)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        with os.fdopen(fd, "rb") as f:
+            return f.read().decode(errors="replace").strip()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, owner.encode() + b"\n", 0)
+    _held[path] = fd
+    return None

@@ -1,14 +1,17 @@
-"""The training engine both trainers share: model, optimizer, LR schedule,
+"""The training engine every trainer shares: model, optimizer, LR schedule,
 loaders, one epoch of training, and exact evaluation.
 
 The entry points (main.py and its ports) call these functions in the same order.
-A port passes in what differs as values: its rank and world size, an allreduce
-function for the metric sums, an LR scale, and DDP's `no_sync` context. Nothing here imports Horovod or
-torch.distributed. One function knows of Horovod's DistributedOptimizer by its
-methods: `optimizer_step` calls its synchronize() before the step when it has one.
+What a port differs in reaches the engine as one value, a `Port`: its rank and world
+size, the allreduce of the metric sums, DDP's `no_sync`, the LR scale and the
+backward passes per allreduce. Nothing here imports Horovod or torch.distributed.
+One function knows of Horovod's DistributedOptimizer by its methods:
+`optimizer_step` calls its synchronize() before the step when it has one.
 """
 import contextlib
+import dataclasses
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -17,8 +20,36 @@ import data
 import layout
 import loaders
 import models
-from cli import RECIPE
-from runlog import PhaseTimer
+from recipe import RECIPE
+from runlog import PhaseTimer, Progress
+
+
+def local_sum(t):
+    """The single-process stand-in for a sum-allreduce."""
+    return t
+
+
+@dataclasses.dataclass(frozen=True)
+class Port:
+    """What a port differs in, as one value; `Port()` is main.py's single process.
+
+    allreduce(t) returns the sum of t over all ranks (a new tensor; t stays this
+    rank's own). lr_scale multiplies the base LR (linear scaling). no_sync: the
+    trained model is DDP's, whose no_sync() holds back the gradient reduction of a
+    step's first k - 1 backward passes. adasum: Horovod's Adasum optimizer, which
+    reduces inside step()."""
+    rank: int = 0
+    size: int = 1
+    allreduce: Callable = local_sum
+    lr_scale: float = 1.0
+    batches_per_allreduce: int = 1
+    no_sync: bool = False
+    adasum: bool = False
+
+    @property
+    def reports(self):
+        """Whether this rank reports: prints, and writes the run's files (rank 0)."""
+        return self.rank == 0
 
 
 # ============================================================================
@@ -118,14 +149,16 @@ class LRSchedule:
 # ============================================================================
 # Data loaders
 
-def make_loaders(args, train, test, device, rank=0, size=1):
-    per_step = args.batch_size * getattr(args, "batches_per_allreduce", 1)
+def make_loaders(args, train, test, device, port=Port()):
+    """This rank's (train, test) loaders. A training batch holds the images of all
+    of a step's backward passes (--batches-per-allreduce)."""
+    per_step, rank, size = args.batch_size * port.batches_per_allreduce, port.rank, port.size
     if args.loader == "torchvision":
         return (loaders.torchvision_loader(*train, per_step, train=True, rank=rank, size=size,
-                                        seed=args.seed, workers=args.workers,
-                                        pad=RECIPE["crop_padding"]),
+                                           seed=args.seed, workers=args.workers,
+                                           pad=RECIPE["crop_padding"]),
                 loaders.torchvision_loader(*test, args.batch_size, train=False, rank=rank, size=size,
-                                        workers=args.workers))
+                                           workers=args.workers))
     dtype = torch.bfloat16 if args.amp and args.amp_dtype == "bfloat16" else torch.float32
     common = dict(rank=rank, size=size, seed=args.seed, device=device, dtype=dtype,
                   channels_last=layout.wanted(args, device), pad=RECIPE["crop_padding"])
@@ -166,11 +199,6 @@ def optimizer_step(optimizer, scaler, profiler=None, adasum=False):
     scaler.update()
 
 
-def local_sum(t):
-    """The single-process stand-in for a sum-allreduce."""
-    return t
-
-
 def summed_copy(all_reduce):
     """A metric allreduce from an in-place sum (torch.distributed.all_reduce): the sum of a
     copy, so that the running sums it is given stay this rank's own."""
@@ -181,17 +209,19 @@ def summed_copy(all_reduce):
     return allreduce
 
 
-def train_epoch(model, loader, optimizer, scaler, schedule, epoch, args, progress,
-                allreduce=local_sum, profile_epoch=None, no_sync=None):
+def train_epoch(model, loader, optimizer, scaler, schedule, epoch, args, port=Port(), profile=False):
     """One pass over this rank's shard. Returns global (loss, acc, images) and the last LR.
 
-    Under --batches-per-allreduce k, `no_sync` (DDP's model.no_sync) wraps the first
-    k - 1 backward passes, so that gradients accumulate locally and are averaged once.
+    Under --batches-per-allreduce k with `port.no_sync`, DDP's model.no_sync() wraps
+    the first k - 1 backward passes, so that gradients accumulate locally and are
+    averaged once. `profile`: time the first --profile-steps steps (the first epoch of a run).
 
     Loss sum, correct count and image count stay on the device as one float64
     vector; they are reduced only every --log-interval steps and at the end,
     so the step loop never waits for the device or the other ranks.
     """
+    loader.set_epoch(epoch)
+    seed_epoch(args.seed, epoch, port.rank)
     model.train()
     device = next(model.parameters()).device  # the torchvision loader yields CPU tensors
     fmt = layout.memory_format(args, device)
@@ -199,10 +229,10 @@ def train_epoch(model, loader, optimizer, scaler, schedule, epoch, args, progres
     steps = len(loader)
     lr = schedule(epoch)
     desc = f"epoch {epoch + 1}"
+    progress = Progress(port.reports)
     bar = progress.bar(steps, desc)
-    # Only the first epoch of a run is profiled.
     # --profile-steps beyond the epoch's length profiles the whole epoch.
-    profiler = PhaseTimer(min(args.profile_steps, steps) if epoch == profile_epoch else 0, device)
+    profiler = PhaseTimer(min(args.profile_steps, steps) if profile else 0, device)
     for step, (x, y) in enumerate(loader):
         x, y = x.to(device, non_blocking=True, memory_format=fmt), y.to(device, non_blocking=True)
         profiler.start_step(step)
@@ -210,7 +240,8 @@ def train_epoch(model, loader, optimizer, scaler, schedule, epoch, args, progres
         optimizer.zero_grad()
         parts = list(zip(x.split(args.batch_size), y.split(args.batch_size)))
         for i, (xs, ys) in enumerate(parts):  # more than one under --batches-per-allreduce
-            with no_sync() if no_sync and i + 1 < len(parts) else contextlib.nullcontext():
+            hold = port.no_sync and i + 1 < len(parts)
+            with model.no_sync() if hold else contextlib.nullcontext():
                 with profiler.phase("forward"), _autocast(args, device):
                     out = model(xs)
                     loss = F.cross_entropy(out, ys)
@@ -219,26 +250,26 @@ def train_epoch(model, loader, optimizer, scaler, schedule, epoch, args, progres
             stats[0] += loss.detach().double() * len(ys)
             stats[1] += (out.detach().argmax(1) == ys).sum()
             stats[2] += len(ys)
-        optimizer_step(optimizer, scaler, profiler, adasum=getattr(args, "use_adasum", False))
+        optimizer_step(optimizer, scaler, profiler, adasum=port.adasum)
         if step + 1 == profiler.steps:
             progress.write(profiler.summary())
         bar.update(1)
         if (step + 1) % args.log_interval == 0 and step + 1 < steps:
-            loss_sum, correct, n = allreduce(stats).tolist()
+            loss_sum, correct, n = port.allreduce(stats).tolist()
             progress.interval(bar, desc, step + 1, steps, loss=loss_sum / n, acc=correct / n, lr=lr)
     bar.close()
-    loss_sum, correct, n = allreduce(stats).tolist()
+    loss_sum, correct, n = port.allreduce(stats).tolist()
     return {"loss": loss_sum / max(n, 1), "acc": correct / max(n, 1), "images": int(n), "lr": lr}
 
 
 @torch.no_grad()
-def evaluate(model, loader, args, progress, allreduce=local_sum):
+def evaluate(model, loader, args, port=Port()):
     """Exact test metrics: each rank sums over its disjoint shard, one reduction at the end."""
     model.eval()
     device = next(model.parameters()).device
     fmt = layout.memory_format(args, device)
     stats = torch.zeros(3, dtype=torch.float64, device=device)
-    bar = progress.bar(len(loader), "test")
+    bar = Progress(port.reports).bar(len(loader), "test")
     for x, y in loader:
         x, y = x.to(device, non_blocking=True, memory_format=fmt), y.to(device, non_blocking=True)
         with _autocast(args, device):
@@ -249,7 +280,7 @@ def evaluate(model, loader, args, progress, allreduce=local_sum):
         stats[2] += len(y)
         bar.update(1)
     bar.close()
-    loss_sum, correct, n = allreduce(stats).tolist()
+    loss_sum, correct, n = port.allreduce(stats).tolist()
     return {"loss": loss_sum / max(n, 1), "acc": correct / max(n, 1), "images": int(n)}
 
 

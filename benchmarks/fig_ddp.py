@@ -12,10 +12,9 @@ recorded as (backward + allreduce wait) at np=2 minus the same at np=1.
 """
 import os
 
-import harness  # puts the repository root on sys.path
-import trainer_runs
+import torch
 
-import torch  # noqa: E402
+from benchmarks import harness, trainer_runs
 
 NAME = "horovod_vs_ddp_np2"
 GOAL = (">=", 0.95)

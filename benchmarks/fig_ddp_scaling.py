@@ -5,9 +5,7 @@ The same settings and method as Horovod's figure: the np=1 side confined to half
 cores (the threads each rank gets at np=2), alternating. The machine's ceiling (two
 independent processes at once) is measured by scaling_efficiency_np2 and not repeated.
 """
-import harness  # noqa: F401  (puts the repository root on sys.path)
-import fig_scaling
-import trainer_runs
+from benchmarks import fig_scaling, trainer_runs
 
 NAME = "ddp_scaling_efficiency_np2"
 GOAL = (">=", 0.90)

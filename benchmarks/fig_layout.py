@@ -15,9 +15,7 @@ import json
 import subprocess
 import sys
 
-import harness  # puts the repository root on sys.path
-
-from tests import helpers  # noqa: E402
+from benchmarks import harness, trainer_runs
 
 NAME = "layout_design_cost"
 GOAL = ("<=", 1.02)
@@ -36,6 +34,7 @@ import cli, devices, layout, utils
 arch, batch, steps, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 hvd.init()
 device = devices.pick_device()
+devices.share_cores(device)
 CL = torch.channels_last
 
 def side(weights_cl):
@@ -88,7 +87,7 @@ print(json.dumps({"times": times, "grad_layout_us_per_step": per_step_us, "devic
 def run(cfg, ctx):
     argv = [cfg["layout_arch"], cfg["layout_batch"], cfg["layout_steps"], cfg["layout_repeats"]]
     r = subprocess.run([sys.executable, "-c", PROBE, *map(str, argv)], cwd=harness.ROOT,
-                       env=helpers.env({"HOROVOD_ELASTIC": "1"}), capture_output=True, text=True,
+                       env=trainer_runs.env({"HOROVOD_ELASTIC": "1"}), capture_output=True, text=True,
                        timeout=900, stdin=subprocess.DEVNULL)
     if r.returncode != 0:
         raise RuntimeError(f"layout probe failed: {r.stderr[-3000:]}")

@@ -9,12 +9,11 @@ count (devices.pick_device: every usable core), recorded beside the headline.
 import os
 import time
 
-import harness  # puts the repository root on sys.path
+import torch
 
-import torch  # noqa: E402
-
-import data  # noqa: E402
-import loaders  # noqa: E402
+import data
+import loaders
+from benchmarks import harness
 
 NAME = "loader_speedup"
 GOAL = (">=", 20.0)

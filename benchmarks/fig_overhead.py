@@ -11,12 +11,9 @@ import os
 import subprocess
 import sys
 
-import harness  # puts the repository root on sys.path
-import trainer_runs
+import torch
 
-import torch  # noqa: E402
-
-from tests import helpers  # noqa: E402
+from benchmarks import harness, trainer_runs
 
 NAME = "horovod_np1_overhead"
 GOAL = ("<=", 1.02)
@@ -89,7 +86,7 @@ print(json.dumps({"cpu_fraction": (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.
 
 def horovod_idle_cost():
     """What an idle np=1 Horovod process costs: its background thread's CPU share and wake-ups."""
-    r = subprocess.run([sys.executable, "-c", IDLE_PROBE], cwd=harness.ROOT, env=helpers.env(),
+    r = subprocess.run([sys.executable, "-c", IDLE_PROBE], cwd=harness.ROOT, env=trainer_runs.env(),
                        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     if r.returncode != 0:
         return {"error": r.stderr.strip()[-500:]}

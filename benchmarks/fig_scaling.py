@@ -10,10 +10,9 @@ machine's own ceiling for two processes, without Horovod.
 import concurrent.futures
 import os
 
-import harness  # puts the repository root on sys.path
-import trainer_runs
+import torch
 
-import torch  # noqa: E402
+from benchmarks import harness, trainer_runs
 
 NAME = "scaling_efficiency_np2"
 GOAL = (">=", 0.90)

@@ -1,14 +1,14 @@
 """GPU figures: the trainer's own images/s on a named GPU, written to benchmarks/results-gpu.json.
 
-    make gpu-check                       # first: set-up against the machine's PyTorch, and a check
-    .venv/bin/python benchmarks/gpu.py   # then this, in one call of under 10 minutes
+    make gpu-check                        # first: set-up against the machine's PyTorch, and a check
+    .venv/bin/python -m benchmarks.gpu    # then this, in one call of under 10 minutes
 
 Each figure is a real trainer run of ResNet-18 on 50,000 synthetic CIFAR-format images,
 timed by the trainer itself (metrics.csv images/s of the last epoch; the first epoch holds
 torch.compile's compiling). pytorch-cifar's pipeline (PIL transforms in 2 DataLoader
 workers, fp32, contiguous) runs in the same call as the baseline, as the CPU benchmark runs
 its loader. Absolute images/s mean something only on a GPU, so without one this exits at once.
-Goals (issue "GPU speed"):
+Goals:
 
   main_bs128_bf16_img_s          main.py --amp bf16 --compile, batch 128          >= 35,000
   horovod_hooks_bs128_bf16_img_s the same in main_horovod.py at np=1 with the
@@ -19,18 +19,14 @@ Goals (issue "GPU speed"):
   main_bs128_fp32_eager_img_s    main.py as by default (fp32, eager)              >= 12,100 (today's low)
 """
 import argparse
-import csv
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
-import harness  # puts the repository root on sys.path
-
-from tests import helpers  # noqa: E402
+from benchmarks import harness, trainer_runs
 
 IMAGES = 50000
 BF16 = ["--amp", "--amp-dtype", "bfloat16"]
@@ -56,17 +52,13 @@ def trainer_run(name, scratch, epochs):
     if script == "main_horovod.py":
         cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "1", "--gloo", *cmd]
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, cwd=harness.ROOT, env=helpers.env(extra), capture_output=True, text=True,
-                       timeout=400, stdin=subprocess.DEVNULL)
+    r, rows = trainer_runs.run_trainer(cmd, ckpt, extra, timeout=400)
     if r.returncode != 0:
         raise RuntimeError(f"{name} failed: {r.stderr.strip().splitlines()[-1:] or r.stdout[-500:]}")
-    with open(os.path.join(ckpt, "metrics.csv")) as f:
-        rows = list(csv.DictReader(f))
     rate = float(rows[-1]["images_per_s"])
     harness.log(f"{name}: {rate:,.0f} img/s (epoch {len(rows)}; {time.perf_counter() - t0:.0f} s in all)")
     return {"images_per_s": rate, "epoch_time_s": [float(x["epoch_time_s"]) for x in rows],
-            "command": [os.path.relpath(c, harness.ROOT) if c.startswith(harness.ROOT) else c for c in cmd],
-            "env": extra}
+            "command": trainer_runs.shown(cmd), "env": extra}
 
 
 def figures(runs):
@@ -88,7 +80,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     import torch
     if not torch.cuda.is_available():
-        print("benchmarks/gpu.py: no CUDA GPU here; these figures are images/s on a named GPU, "
+        print("benchmarks.gpu: no CUDA GPU here; these figures are images/s on a named GPU, "
               "so run it on one (after make gpu-check)", file=sys.stderr)
         return 1
     started = time.perf_counter()

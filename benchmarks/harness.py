@@ -25,12 +25,10 @@ import subprocess
 import sys
 import time
 
+import torch
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-import torch  # noqa: E402
 
 SCHEMA = 1
 OPS = {">=": operator.ge, "<=": operator.le}
@@ -155,7 +153,7 @@ def machine_info():
 def start_results(argv, quick, config):
     """A run's results.json before its figures: the command, date, settings, machine, load."""
     python = os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(ROOT) else sys.executable
-    return {"schema": SCHEMA, "command": shlex.join([python, "benchmarks/run.py", *argv]),
+    return {"schema": SCHEMA, "command": shlex.join([python, "-m", "benchmarks.run", *argv]),
             "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
             "quick": quick, "config": config, "machine": machine_info(),
             "load_average": {"start": list(os.getloadavg())}, "figures": {}}
@@ -217,8 +215,8 @@ def summary(res, figures):
          + (" — **quick smoke run, not the real figures**" if res["quick"] else "") + ".",
          "Each figure is a ratio of two sides measured in the same run, alternating A B / B A; the value",
          "is the median of the per-repeat ratios, and every repeat is listed. Raw numbers: `results.json`.",
-         "To reproduce: `.venv/bin/python benchmarks/run.py` (3-8 minutes on 2 CPU cores, longer when they "
-         "are busy;", "`--quick` is a smoke run that writes to a temporary folder).", "",
+         "To reproduce: `.venv/bin/python -m benchmarks.run` from the repository root (about 16 minutes "
+         "on 2 idle CPU cores;", "`--quick` is a smoke run that writes to a temporary folder).", "",
          "| | |", "|---|---|",
          f"| CPU | {m['cpu_model']}, {m['cpu_count']} cores ({m['cpus_usable']} usable) |",
          f"| GPU | {m['gpu'] or 'none: every figure here is CPU-only'} |",

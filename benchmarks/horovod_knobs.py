@@ -1,19 +1,18 @@
 """Horovod's knobs at np=2 on this machine: each setting against the defaults, alternating.
 
-    .venv/bin/python benchmarks/horovod_knobs.py                 # LeNet, 3 repeats
-    .venv/bin/python benchmarks/horovod_knobs.py --arch mobilenet --batch 16 --size 640 --epochs 3
+    .venv/bin/python -m benchmarks.horovod_knobs                 # LeNet, 3 repeats
+    .venv/bin/python -m benchmarks.horovod_knobs --arch mobilenet --batch 16 --size 640 --epochs 3
 
 Each setting runs `horovodrun -np 2` (gloo unless it says MPI) with trainer_runs' flags,
 alternating with the defaults (A B, B A, ...), and prints images/s per repeat and the
 median ratio to the defaults; DDP (torchrun) runs alongside as the yardstick. The
-findings are in docs/HOROVOD_TUNING.md. Not a figure: run.py does not list it.
+findings are in docs/PERFORMANCE.md. Not a figure: run.py does not list it.
 """
 import argparse
 import os
 import tempfile
 
-import harness  # puts the repository root on sys.path
-import trainer_runs
+from benchmarks import harness, trainer_runs
 
 # name: (trainer_runs kind, extra environment)
 SETTINGS = {

@@ -1,8 +1,8 @@
 """Side-by-side benchmarks of the trainer, each figure a ratio measured in one run.
 
-    .venv/bin/python benchmarks/run.py                 # full run (3-8 min on 2 CPU cores)
-    .venv/bin/python benchmarks/run.py --quick         # smoke run (~1 min), for tests
-    .venv/bin/python benchmarks/run.py --only loader_speedup,overhead   # a subset
+    .venv/bin/python -m benchmarks.run                 # full run (about 16 min on 2 idle CPU cores)
+    .venv/bin/python -m benchmarks.run --quick         # smoke run (~1 min), for tests
+    .venv/bin/python -m benchmarks.run --only loader_speedup,overhead   # a subset
 
 The full run writes benchmarks/results.json and benchmarks/RESULTS.md. --quick
 writes into a fresh temporary folder unless --out is given, so a smoke run
@@ -26,6 +26,10 @@ Figures (each the median over interleaved repeats; every repeat is recorded):
                           --nproc_per_node 2, same work (MobileNet; LeNet
                           beside), and the allreduce per step of both     goal >= 0.95
                           (fig_ddp.py)
+  layout_design_cost      step time of channels_last weights with
+                          layout.GradLayout over contiguous weights with
+                          channels_last input, gradient hooks on           goal <= 1.02
+                          (fig_layout.py)
 
 Side A and side B of a figure alternate (ABBA...), so slow drift of a shared,
 noisy machine falls on both. The headline of a figure is the median of the
@@ -48,17 +52,10 @@ import sys
 import tempfile
 import time
 
-import harness  # puts the repository root on sys.path
-import fig_loader
-import fig_overhead
-import fig_scaling
-import fig_ddp_scaling
-import fig_ddp
-import fig_layout
+import torch
 
-import torch  # noqa: E402
-
-import devices  # noqa: E402
+import devices
+from benchmarks import fig_ddp, fig_ddp_scaling, fig_layout, fig_loader, fig_overhead, fig_scaling, harness
 
 # The registry: every figure, in the order they run and are reported. A new figure
 # is a fig_*.py module with harness.py's interface, and one entry here.
@@ -98,6 +95,7 @@ def main(argv=None):
     started = time.perf_counter()
     res = harness.start_results(argv, args.quick, {k: v for c in cfgs.values() for k, v in c.items()})
     device = devices.pick_device()  # what main.py would use (CPU: all usable cores as threads)
+    devices.share_cores(device)
     harness.log(f"device {device}, {torch.get_num_threads()} torch threads; writing to {out}")
     scratch = tempfile.mkdtemp(prefix="bench-")
     try:

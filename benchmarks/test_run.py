@@ -1,4 +1,4 @@
-"""Tests of the benchmarks: `.venv/bin/python -m pytest -q benchmarks`.
+"""Tests of the benchmarks: `.venv/bin/python -m pytest -q benchmarks` from the repository root.
 
 The harness tests run no process. The --quick run starts real trainer processes
 (main.py, main_horovod.py, horovodrun -np 2), so it takes about a minute on 2
@@ -7,7 +7,6 @@ the figures are. The two DDP figures (torchrun and horovodrun jobs, MobileNet am
 them) have their own tiny run, about 3 minutes.
 """
 import json
-import os
 import subprocess
 import sys
 import types
@@ -15,12 +14,9 @@ import types
 import pytest
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
+from benchmarks import harness, run
 
-import harness  # noqa: E402
-import run  # noqa: E402
+ROOT = harness.ROOT
 
 FIGURE = types.SimpleNamespace(NAME="fake_ratio", GOAL=(">=", 1.0), DESCRIPTION="a fake figure",
                                markdown=lambda fig: [f"fake section, value {fig['value']}", ""])
@@ -102,7 +98,7 @@ SEPARATE = ("ddp_scaling_efficiency_np2", "horovod_vs_ddp_np2")
 
 def test_quick_run_writes_every_figure(tmp_path):
     only = ",".join(m.NAME for m in run.FIGURES if m.NAME not in SEPARATE)
-    r = subprocess.run([sys.executable, os.path.join(HERE, "run.py"), "--quick", "--out", str(tmp_path),
+    r = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(tmp_path),
                         "--only", only], cwd=ROOT, capture_output=True, text=True, timeout=300,
                        stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
@@ -126,7 +122,7 @@ def test_quick_run_writes_every_figure(tmp_path):
 def test_ddp_figures_run_tiny(tmp_path):
     """horovod_vs_ddp_np2 and ddp_scaling_efficiency_np2 on tiny settings: real horovodrun and
     torchrun jobs, every side measured, the allreduce per step of both trainers recorded."""
-    r = subprocess.run([sys.executable, os.path.join(HERE, "run.py"), "--quick", "--out", str(tmp_path),
+    r = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(tmp_path),
                         "--only", "horovod_vs_ddp_np2,ddp_scaling"], cwd=ROOT, capture_output=True,
                        text=True, timeout=600, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
@@ -145,7 +141,7 @@ def test_ddp_figures_run_tiny(tmp_path):
 
 def test_gpu_figures_refuse_without_a_gpu_in_one_line():
     if torch.cuda.is_available():
-        pytest.skip("a GPU is here: benchmarks/gpu.py would run")
-    r = subprocess.run([sys.executable, os.path.join(HERE, "gpu.py")], cwd=ROOT, capture_output=True, text=True,
+        pytest.skip("a GPU is here: benchmarks.gpu would run")
+    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu"], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "no CUDA GPU" in r.stderr

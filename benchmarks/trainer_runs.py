@@ -1,10 +1,13 @@
-"""Timed runs of the real trainers, shared by the figures that time them.
+"""Runs of the real trainers, timed by the trainer itself: the one place a benchmark
+or a check starts a trainer and reads its images/s from metrics.csv.
 
-main.py, main_horovod.py alone or under `horovodrun -np 2 --gloo`, main_ddp.py alone
-or under `torchrun --nproc_per_node 2`, with the same flags (LeNet on synthetic data
-unless the settings name another `arch`: LeNet is the only model cheap enough for
-several repeats on 2 CPU cores), on data generated once beforehand, each run in a
-fresh checkpoint folder and timed from its metrics.csv.
+`run_trainer` runs one trainer command to its end; `TrainerRuns` is the CPU figures'
+set of runs: main.py, main_horovod.py alone or under `horovodrun -np 2 --gloo`,
+main_ddp.py alone or under `torchrun --nproc_per_node 2`, with the same flags (LeNet
+on synthetic data unless the settings name another `arch`: LeNet is the only model
+cheap enough for several repeats on 2 CPU cores), on data generated once beforehand,
+each run in a fresh checkpoint folder. Its imports are the standard library's, so
+benchmarks/gpu_check.py runs it from any python3 before the set-up.
 """
 import csv
 import os
@@ -16,10 +19,43 @@ import sys
 import threading
 import time
 
-import harness  # puts the repository root on sys.path
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Open MPI refuses root without these; oversubscription lets 3 ranks share 2 cores.
+MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 
-import data  # noqa: E402
-from tests import helpers  # noqa: E402
+
+def env(extra=None, python=sys.executable):
+    """A trainer's environment: `python`'s folder first on PATH (its horovodrun, torchrun),
+    unbuffered output, Open MPI's root settings, then `extra`."""
+    e = dict(os.environ, PYTHONUNBUFFERED="1",
+             PATH=os.path.dirname(python) + os.pathsep + os.environ.get("PATH", ""))
+    e.update(MPI_ENV)
+    e.update(extra or {})
+    return e
+
+
+def run_trainer(cmd, ckpt, env_extra=None, timeout=900, python=sys.executable):
+    """Run a trainer command to its end, from the repository root: (its CompletedProcess,
+    the rows of CHECKPOINT_DIR `ckpt`'s metrics.csv, [] where the run failed)."""
+    r = subprocess.run(cmd, cwd=ROOT, env=env(env_extra, python), capture_output=True, text=True,
+                       timeout=timeout, stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        return r, []
+    with open(os.path.join(ckpt, "metrics.csv")) as f:
+        return r, list(csv.DictReader(f))
+
+
+def images_per_s(rows):
+    """Training images per second over these epochs' rows: images over time, not a mean of rates."""
+    seconds = sum(float(row["epoch_time_s"]) for row in rows)
+    return sum(float(row["images_per_s"]) * float(row["epoch_time_s"]) for row in rows) / seconds
+
+
+def shown(cmd, scratch=None):
+    """A command as results show it: paths in the repository relative, the scratch folder named."""
+    return [os.path.relpath(c, ROOT) if c.startswith(ROOT)
+            else c.replace(scratch, "$SCRATCH") if scratch else c for c in cmd]
 
 # The settings of the trainer runs, part of each timing figure's own FULL / QUICK.
 FULL = dict(train_size=5000, train_batch=64, train_epochs=4, skip_epochs=1)
@@ -41,6 +77,7 @@ class TrainerRuns:
     """Runs main.py / main_horovod.py on pre-generated synthetic data, fresh checkpoint dir each."""
 
     def __init__(self, cfg, scratch):
+        import data  # the trainers' generator; torch only where figures run
         self.cfg, self.scratch = cfg, scratch
         self.data_dir = os.path.join(scratch, "trainer-data")
         self.count, self.lock = 0, threading.Lock()
@@ -76,25 +113,18 @@ class TrainerRuns:
         if pin:  # taskset, not preexec_fn: runs come from two threads at once (preexec_fn is unsafe there)
             cmd = ["taskset", "-c", ",".join(map(str, sorted(pin))), *cmd]
         t0 = time.perf_counter()
-        r = subprocess.run(cmd, cwd=harness.ROOT, env=helpers.env(env_extra), capture_output=True, text=True,
-                           timeout=900, stdin=subprocess.DEVNULL)
+        r, rows = run_trainer(cmd, ckpt, env_extra)
         wall = time.perf_counter() - t0
         if r.returncode != 0:
             raise RuntimeError(f"trainer run failed ({r.returncode}): {shlex.join(cmd)}\n"
                                f"{r.stdout[-2000:]}\n{r.stderr[-4000:]}")
-        with open(os.path.join(ckpt, "metrics.csv")) as f:
-            rows = list(csv.DictReader(f))
         shutil.rmtree(ckpt, ignore_errors=True)
         timed = rows[self.cfg["skip_epochs"]:]
-        seconds = sum(float(row["epoch_time_s"]) for row in timed)
-        images = sum(float(row["images_per_s"]) * float(row["epoch_time_s"]) for row in timed)
-        root = harness.ROOT
-        shown = [os.path.relpath(c, root) if c.startswith(root) else c.replace(self.scratch, "$SCRATCH")
-                 for c in cmd]
-        return {"train_s": seconds, "images_per_s": images / seconds, "process_wall_s": wall,
+        return {"train_s": sum(float(row["epoch_time_s"]) for row in timed),
+                "images_per_s": images_per_s(timed), "process_wall_s": wall,
                 "epoch_time_s": [float(row["epoch_time_s"]) for row in rows],
                 "world_size": int(rows[-1]["world_size"]), "load_1min_after": os.getloadavg()[0],
-                "profile": profile_ms(r.stdout), "command": shown}
+                "profile": profile_ms(r.stdout), "command": shown(cmd, self.scratch)}
 
 
 def profile_ms(stdout):

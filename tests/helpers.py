@@ -15,6 +15,8 @@ import time
 
 import torch
 
+import cli
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 PY = sys.executable
@@ -45,6 +47,15 @@ def common_args(data_dir, ckpt_dir, *extra, epochs=2, batch=32, lr=0.05):
             "--lr", str(lr), "--checkpoint-dir", str(ckpt_dir), *map(str, extra)]
 
 
+def parse(*argv, port=None):
+    """A trainer's parsed and checked flags, in process: main.py's, or with port="horovod",
+    "elastic" or "ddp" that port's."""
+    parser = cli.build_parser("")
+    if port:
+        getattr(cli, f"add_{port}_args")(parser)
+    return cli.parse_args(parser, [str(a) for a in argv])
+
+
 def without_lr(args):
     """The same flags without --lr, so that a resume continues the saved schedule."""
     i = args.index("--lr")
@@ -65,8 +76,8 @@ def horovod_cmd(np_, args, launcher="gloo", probe=None, script="main_horovod.py"
 
     With probe=DIR, every rank also saves its final model and history to DIR/rank<r>.pt.
     """
-    entry = ["tests/rank_probe.py", str(probe)] if probe else [script]
-    cmd = [PY, *entry, *map(str, args)]
+    cmd = probe_cmd("rank_horovod", probe) if probe else [PY, script]
+    cmd += list(map(str, args))
     if launcher == "python":
         return cmd
     if launcher == "mpirun":
@@ -84,11 +95,11 @@ def ddp_cmd(np_, args, probe=None, launcher="torchrun", torchrun_args=("--standa
 
     With probe=DIR, every rank also saves its final model and history to DIR/rank<r>.pt.
     """
-    entry = ["tests/rank_probe_ddp.py", str(probe)] if probe else ["main_ddp.py"]
+    cmd = probe_cmd("rank_ddp", probe) if probe else [PY, "main_ddp.py"]
+    cmd += list(map(str, args))
     if launcher == "python":
-        return [PY, *entry, *map(str, args)]
-    return [os.path.join(BIN, "torchrun"), *torchrun_args, "--nproc_per_node", str(np_),
-            *entry, *map(str, args)]
+        return cmd
+    return [os.path.join(BIN, "torchrun"), *torchrun_args, "--nproc_per_node", str(np_), *cmd[1:]]
 
 
 def run_ddp(np_, args, probe=None, launcher="torchrun", **kw):
@@ -103,6 +114,29 @@ def assert_ok(r):
 def load_ranks(probe, size):
     return [torch.load(os.path.join(probe, f"rank{r}.pt"), map_location="cpu", weights_only=True)
             for r in range(size)]
+
+
+def assert_states_equal(got, want, what="", atol_scale=0.0):
+    """Two state dicts hold the same keys and bitwise equal tensors; with atol_scale, equal
+    within that fraction of the largest magnitude of each of want's tensors instead."""
+    assert got.keys() == want.keys(), f"{what}: keys differ"
+    for k, w in want.items():
+        if atol_scale:
+            scale = max(w.abs().max().item(), 1e-12)
+            assert (got[k] - w).abs().max().item() <= atol_scale * scale, f"{what}: {k} differs"
+        else:
+            assert torch.equal(got[k], w), f"{what}: {k} differs"
+
+
+def assert_ranks_identical(ranks):
+    """Every rank of a probed job (load_ranks) ended with rank 0's model, bitwise."""
+    for r, other in enumerate(ranks[1:], 1):
+        assert_states_equal(ranks[0]["model"], other["model"], f"rank 0 and rank {r}")
+
+
+def probe_cmd(name, *args):
+    """A probe: a small program in tests/probes/ that a test runs in a process of its own."""
+    return [PY, os.path.join(ROOT, "tests", "probes", f"{name}.py"), *map(str, args)]
 
 
 def read_metrics(ckpt_dir):

@@ -10,19 +10,17 @@ import os
 import shutil
 
 import pytest
-import torch
 
-from helpers import (BIN, PY, ROOT, assert_ok, common_args, last_line, load_ckpt, load_ranks, parse_eval,
-                     read_metrics, run, run_horovod, run_main, without_lr)
+from helpers import (BIN, PY, ROOT, assert_ok, assert_ranks_identical, common_args, last_line, load_ckpt,
+                     load_ranks, parse_eval, read_metrics, run, run_horovod, run_main, without_lr)
 
 CL = "--channels-last"
 
 
-def assert_ranks_identical(probe, size=2):
+def ranks_identical(probe, size=2):
+    """The probed ranks, after checking that they ended identical."""
     ranks = load_ranks(probe, size)
-    for other in ranks[1:]:
-        for k, v in ranks[0]["model"].items():
-            assert torch.equal(v, other["model"][k]), f"{k} differs between ranks"
+    assert_ranks_identical(ranks)
     return ranks
 
 
@@ -37,7 +35,7 @@ def cl_run(data_dir, tmp_path_factory):
 
 def test_training_ranks_identical_gloo(cl_run):
     ck, probe = cl_run
-    ranks = assert_ranks_identical(probe)
+    ranks = ranks_identical(probe)
     assert any(v.dim() == 4 for v in ranks[0]["model"].values())  # LeNet has conv weights to lay out
     saved = load_ckpt(ck / "ckpt.pth")
     assert all(v.is_contiguous() for v in saved["model"].values())  # layout-free checkpoint
@@ -51,7 +49,7 @@ def test_resume_broadcasts_momentum_under_mpirun(cl_run, data_dir, tmp_path):
     shutil.copytree(ck, tmp_path / "ck")
     assert_ok(run_horovod(2, without_lr(common_args(data_dir, tmp_path / "ck", CL, "--resume",
                                                     "--warmup-epochs", 0)), "mpirun", probe=tmp_path))
-    assert_ranks_identical(tmp_path)
+    ranks_identical(tmp_path)
     assert [r["epoch"] for r in read_metrics(tmp_path / "ck")] == ["1", "2"]
 
 
@@ -59,13 +57,13 @@ def test_fp16_allreduce_and_batches_per_allreduce(data_dir, tmp_path):
     assert_ok(run_horovod(2, common_args(data_dir, tmp_path / "ck", CL, "--fp16-allreduce",
                                          "--batches-per-allreduce", 2, "--warmup-epochs", 0, epochs=1),
                           probe=tmp_path))
-    assert_ranks_identical(tmp_path)
+    ranks_identical(tmp_path)
 
 
 def test_adasum_under_mpi(data_dir, tmp_path):
     assert_ok(run_horovod(2, common_args(data_dir, tmp_path / "ck", CL, "--use-adasum", epochs=1), "mpirun",
                           probe=tmp_path))
-    ranks = assert_ranks_identical(tmp_path)
+    ranks = ranks_identical(tmp_path)
     assert ranks[0]["size"] == 2
 
 

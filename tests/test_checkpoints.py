@@ -1,11 +1,13 @@
-"""checkpoints.py in process: the pytorch-cifar mapping, what restore() loads, and its checks."""
+"""checkpoints.py in process: the saves, the pytorch-cifar mapping, what restore() loads, and its checks."""
+import os
+
 import pytest
 import torch
 
 import checkpoints
-import cli
 import utils
 from errors import TrainerError, UsageError
+from helpers import parse
 
 
 def test_pytorch_cifar_checkpoint_mapping():
@@ -18,7 +20,7 @@ def test_pytorch_cifar_checkpoint_mapping():
 
 
 def _args(*argv):
-    return cli.parse_args(cli.build_parser(""), ["--arch", "lenet", *argv])
+    return parse("--arch", "lenet", *argv)
 
 
 @pytest.fixture
@@ -31,7 +33,7 @@ def saved(tmp_path):
     optimizer.step()
     schedule = utils.LRSchedule(0.05, 0, 4)
     scaler = utils.make_scaler(args, torch.device("cpu"))
-    state = checkpoints.checkpoint_state(args, model, optimizer, scaler, schedule, 2, 0.5, 1)
+    state = checkpoints.checkpoint_state(args, model, optimizer, scaler, schedule, 2, 0.5, 1, [])
     checkpoints.save_checkpoint(str(tmp_path / "ckpt.pth"), state)
     return tmp_path, state
 
@@ -98,7 +100,7 @@ def test_resume_says_what_it_continues(saved, capsys):
 def test_restore_says_nothing_where_not_verbose(saved, capsys):
     folder, _ = saved
     args = _args("--checkpoint-dir", str(folder), "--epochs", "10", "--resume")
-    assert checkpoints.restore(args, *_fresh(args), verbose=False)["epoch"] == 2
+    assert checkpoints.restore(args, *_fresh(args), reports=False)["epoch"] == 2
     assert capsys.readouterr().out == ""
 
 
@@ -113,3 +115,16 @@ def test_unwrap_strips_ddp_and_compile():
     finally:
         dist.destroy_process_group()
     assert checkpoints.unwrap(torch.compile(model)) is model
+
+
+def test_save_writes_last_and_best_on_the_reporting_rank_only(saved, tmp_path):
+    _, state = saved
+    args = _args("--checkpoint-dir", str(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    checkpoints.save(args, state, is_best=True, reports=False)
+    assert os.listdir(tmp_path / "run") == []
+    checkpoints.save(args, dict(state, epoch=3), is_best=False, reports=True)
+    assert os.listdir(tmp_path / "run") == [checkpoints.LAST]
+    checkpoints.save(args, dict(state, epoch=4), is_best=True, reports=True)
+    assert sorted(os.listdir(tmp_path / "run")) == sorted([checkpoints.LAST, checkpoints.BEST])
+    assert torch.load(tmp_path / "run" / checkpoints.BEST, weights_only=True)["epoch"] == 4

@@ -11,9 +11,8 @@ two only differ in the order Inductor sums in.
 """
 import torch
 
-import cli
 import utils
-from helpers import PY, assert_ok, common_args, load_ckpt, read_metrics, run
+from helpers import PY, assert_ok, assert_states_equal, common_args, load_ckpt, parse, read_metrics, run
 
 
 def test_compiled_step_with_hooks_and_accumulation_equals_eager(data_dir, tmp_path):
@@ -24,9 +23,7 @@ def test_compiled_step_with_hooks_and_accumulation_equals_eager(data_dir, tmp_pa
         r = assert_ok(run([PY, "main_horovod.py", *args], env_extra={"HOROVOD_ELASTIC": "1"}, timeout=400))
         runs[name] = load_ckpt(tmp_path / name / "ckpt.pth")["model"]
         assert read_metrics(tmp_path / name)[0]["world_size"] == "1", r.stdout
-    for k, eager in runs["eager"].items():
-        scale = eager.abs().max().item() or 1.0
-        assert (runs["compiled"][k] - eager).abs().max().item() <= 1e-4 * scale, k
+    assert_states_equal(runs["eager"], runs["compiled"], "eager and compiled", atol_scale=1e-4)
     # ...and training moved them: the comparison is not of two untouched inits.
-    init = utils.build_model(cli.parse_args(cli.build_parser(""), ["--arch", "lenet"]), torch.device("cpu"))
+    init = utils.build_model(parse("--arch", "lenet"), torch.device("cpu"))
     assert not torch.equal(init.state_dict()["conv1.weight"], runs["eager"]["conv1.weight"])

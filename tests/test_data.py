@@ -90,22 +90,6 @@ def test_truncated_batch_is_a_clear_error(tmp_path, synth):
 
 # A preparer: imports first, waits for the start file, then prepares synthetic data and
 # downloads CIFAR-10 (torchvision's real download code, pointed at a local server).
-PREPARER = """
-import argparse, json, os, sys, time
-sys.path.insert(0, os.getcwd())
-import torchvision
-import data
-url, md5, data_dir, go = sys.argv[1:]
-torchvision.datasets.CIFAR10.url, torchvision.datasets.CIFAR10.tgz_md5 = url, md5
-print("ready", flush=True)
-while not os.path.exists(go):
-    time.sleep(0.01)
-made = [data.prepare(argparse.Namespace(dataset=kind, data_dir=data_dir, synthetic_size=1000, seed=0,
-                                        download=True)) for kind in ("synthetic", "cifar10")]
-print(json.dumps(made))
-"""
-
-
 @pytest.fixture
 def cifar_server(tmp_path, synth):
     """An HTTP server on localhost serving a CIFAR-10 archive (of synthetic batches); it
@@ -142,10 +126,10 @@ def cifar_server(tmp_path, synth):
 def test_concurrent_preparers_of_a_fresh_folder_all_succeed_once(tmp_path, synth, cifar_server):
     import json
     import subprocess
-    from helpers import PY, ROOT, env
+    from helpers import ROOT, env, probe_cmd
     url, md5, gets = cifar_server
     fresh, go = tmp_path / "fresh", tmp_path / "go"
-    procs = [subprocess.Popen([PY, "-c", PREPARER, url, md5, str(fresh), str(go)], cwd=ROOT, env=env(),
+    procs = [subprocess.Popen(probe_cmd("preparer", url, md5, fresh, go), cwd=ROOT, env=env(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
     assert [p.stdout.readline() for p in procs] == ["ready\n"] * 3  # all imported, all waiting
     go.touch()  # and off they go, at once

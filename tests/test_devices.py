@@ -2,32 +2,19 @@
 import json
 import os
 import subprocess
-import sys
 
 import pytest
+import torch
 
 import devices
-from helpers import ROOT
-
-PLACEMENT_PROBE = """
-import json, os, sys, threading, torch, devices
-early = threading.Event()
-t = threading.Thread(target=early.wait, daemon=True)  # a thread that exists before the calls
-t.start()
-states = []
-for local_rank, local_size in json.loads(sys.argv[1]):
-    devices.pick_device(local_rank, local_size)
-    states.append({"process": sorted(os.sched_getaffinity(0)), "early": sorted(os.sched_getaffinity(t.native_id)),
-                   "threads": torch.get_num_threads()})
-print(json.dumps(states))
-"""
-
+from errors import UsageError
+from helpers import ROOT, probe_cmd
 
 def place(calls, prefix=(), **env):
-    """The placement after each pick_device(local_rank, local_size) call, in one new process."""
+    """The placement after each share_cores(cpu, local_rank, local_size) call, in one new process."""
     full_env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     full_env.update(env)
-    r = subprocess.run([*prefix, sys.executable, "-c", PLACEMENT_PROBE, json.dumps(calls)], cwd=ROOT,
+    r = subprocess.run([*prefix, *probe_cmd("placement", json.dumps(calls))], cwd=ROOT,
                        env=full_env, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
@@ -96,3 +83,24 @@ def test_threads_chosen_tells_the_users_setting_from_torchruns(monkeypatch):
     assert devices.threads_chosen() == parent_set_it
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert devices.threads_chosen()  # torchrun only ever sets 1
+
+
+@pytest.mark.parametrize("local_rank, local_size, visible, want", [
+    (0, 1, 1, 0), (3, 4, 4, 3), (3, 4, 8, 3),  # a GPU for every process: its own
+    (1, 2, 1, 0), (5, 8, 1, 0),  # one GPU shown to each process (srun --gpus-per-task=1)
+])
+def test_gpu_by_local_rank_and_visible_devices(local_rank, local_size, visible, want):
+    assert devices.gpu_index(local_rank, local_size, visible) == want
+
+
+def test_fewer_gpus_than_local_processes_is_one_line(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    with pytest.raises(UsageError, match=r"^4 processes on this host, but 2 GPUs visible to each "
+                                         r"\(CUDA_VISIBLE_DEVICES=0,1\); start at most 2 processes"):
+        devices.gpu_index(3, 4, 2)
+
+
+def test_share_cores_leaves_a_gpu_process_alone():
+    before = (os.sched_getaffinity(0), torch.get_num_threads())
+    devices.share_cores(torch.device("cuda", 0), 1, 2)
+    assert (os.sched_getaffinity(0), torch.get_num_threads()) == before

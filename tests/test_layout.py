@@ -5,14 +5,12 @@ fresh process (HOROVOD_ELASTIC=1 makes it register its hooks at np=1, as it does
 np >= 2). The np=2 family with --channels-last is in test_channels_last.py.
 """
 import subprocess
-import sys
 
 import pytest
 import torch
 
 import layout
-import utils
-from helpers import ROOT, env
+from helpers import env, parse, probe_cmd
 
 CL = torch.channels_last
 
@@ -76,44 +74,15 @@ def test_checkpoint_state_is_layout_free():
 @pytest.mark.parametrize("flag, default", [(None, False), ("--channels-last", True),
                                            ("--no-channels-last", False)])
 def test_flag_defaults_to_the_device(flag, default):
-    import cli
-    args = cli.parse_args(cli.build_parser(""), [flag] if flag else [])
+    args = parse(*([flag] if flag else []))
     assert layout.wanted(args, torch.device("cpu")) is default
     if flag is None:
         assert layout.wanted(args, torch.device("cuda")) is True
 
 
-HOOKS = r"""
-import sys, torch
-sys.path.insert(0, sys.argv[1])
-import horovod.torch as hvd
-import cli, layout, utils
-hvd.init()
-args = cli.parse_args(cli.build_parser(""), ["--arch", "resnet18", "--channels-last"])
-model = utils.build_model(args, torch.device("cpu"))
-optimizer = hvd.DistributedOptimizer(utils.make_optimizer(model), named_parameters=model.named_parameters(),
-                                     compression=layout.GradLayout(hvd.Compression.none)
-                                     if sys.argv[2] == "layout" else hvd.Compression.none)
-hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-hvd.broadcast_optimizer_state(optimizer, root_rank=0)   # the hidden step: momentum, contiguous
-optimizer.state.clear()
-for group in optimizer.param_groups:
-    group["lr"] = 0.1  # make_optimizer leaves it to the schedule
-train = utils.training_model(args, model, optimizer)
-before = {n: p.detach().clone() for n, p in model.named_parameters()}
-x = torch.randn(4, 3, 32, 32).contiguous(memory_format=torch.channels_last)
-train(x).logsumexp(1).sum().backward()
-fired = len(optimizer._handles)  # hooks that started an allreduce during backward
-optimizer.step()
-conv = model.conv1.weight
-print(fired, len(list(model.parameters())), conv.grad.is_contiguous(memory_format=torch.channels_last),
-      all(not torch.equal(before[n], p) for n, p in model.named_parameters() if p.dim() == 4))
-"""
-
-
 def test_gradient_hooks_allreduce_channels_last_gradients():
     # HOROVOD_ELASTIC=1: DistributedOptimizer registers its hooks at np=1 as at np >= 2.
-    run = [sys.executable, "-c", HOOKS, ROOT]
+    run = probe_cmd("grad_hooks")
     r = subprocess.run([*run, "layout"], env=env({"HOROVOD_ELASTIC": "1"}), capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -62,16 +62,12 @@ def test_device_loader_batches_are_reproducible_per_epoch():
     assert not torch.equal(next(iter(a))[0], next(iter(b))[0])
 
 
-def test_crop_and_flip_match_pad_slice_and_mirror():
-    images, _ = _tiny(12)
-    offsets = torch.tensor([[0, 0], [8, 8], [4, 4], [0, 8], [8, 0], [3, 5]] * 2)
-    flips = torch.tensor([False] * 6 + [True] * 6)
-    out = loaders.crop_flip(images, offsets, flips)
-    padded = torch.nn.functional.pad(images, (4, 4, 4, 4))
-    for i in range(12):
-        oy, ox = offsets[i].tolist()
-        want = padded[i, :, oy:oy + 32, ox:ox + 32]
-        assert torch.equal(out[i], want.flip(-1) if flips[i] else want)
+def crop_flip(images, offsets, flips, pad=4):
+    """The reference crop: pad, take the window at each offset, mirror where asked."""
+    padded = torch.nn.functional.pad(images, (pad, pad, pad, pad))
+    h, w = images.shape[-2:]
+    crops = [padded[i, :, oy:oy + h, ox:ox + w] for i, (oy, ox) in enumerate(offsets.tolist())]
+    return torch.stack([c.flip(-1) if f else c for c, f in zip(crops, flips.tolist())])
 
 
 @pytest.mark.parametrize("shape", [(3, 32, 32), (3, 5, 7)])
@@ -89,7 +85,7 @@ def test_device_loader_batches_are_crop_flip_of_its_draws(shape):
     batches = list(loader)
     assert [len(y) for _, y in batches] == [16, 4]
     x = torch.cat([xb for xb, _ in batches])
-    want = loaders.crop_flip(images[idx], offsets[idx], flips[idx])
+    want = crop_flip(images[idx], offsets[idx], flips[idx])
     assert torch.equal(x, (want.float() - loader.mean) / loader.std)
     assert torch.equal(torch.cat([yb for _, yb in batches]), labels[idx])
 
@@ -116,3 +112,14 @@ def test_normalisation_uses_cifar_mean_and_std():
     x, _ = next(iter(loaders.DeviceLoader(images, torch.zeros(4, dtype=torch.long), 4, train=False)))
     want = (128 / 255 - torch.tensor(data.MEAN)) / torch.tensor(data.STD)
     assert torch.allclose(x[0, :, 0, 0], want, atol=1e-5)
+
+
+def test_more_ranks_than_images():
+    # Evaluation: a rank beyond the last image has an empty shard; every image counts once.
+    assert [loaders.eval_shard(1, r, 3).tolist() for r in range(3)] == [[0], [], []]
+    # Training: every rank takes as many steps as the others, even with fewer images than ranks.
+    shards = [loaders.train_shard(2, r, 5, seed=0, epoch=0) for r in range(5)]
+    assert [len(s) for s in shards] == [1] * 5 and set(torch.cat(shards).tolist()) == {0, 1}
+    empty = loaders.DeviceLoader(torch.zeros(1, 3, 4, 4, dtype=torch.uint8), torch.zeros(1, dtype=torch.long),
+                                 8, train=False, rank=2, size=3)
+    assert len(empty) == 0 and list(empty) == []

@@ -1,6 +1,6 @@
 """main_ddp.py with real processes: torchrun (gloo), beside main_horovod.py and main.py.
 
-Every DDP run is a real `torchrun --standalone` job on the CPU with LeNet on the session's
+Every DDP run is a real `torchrun --standalone` job on the CPU with LeNet on the test run's
 500 synthetic images; the module takes about two minutes on 2 idle cores.
 """
 import math
@@ -12,18 +12,12 @@ import pytest
 import torch
 
 import models
-from helpers import (ROOT, UNTIL_ENDED, assert_ok, assert_one_line_error, common_args, ddp_cmd,
+from helpers import (ROOT, UNTIL_ENDED, assert_ok, assert_one_line_error, assert_ranks_identical,
+                     assert_states_equal, common_args, ddp_cmd,
                      diff_blocks, kill_rank_and_wait, last_line, load_ckpt, load_ranks, metrics_rows,
                      parse_eval, read_metrics, run_ddp, run_horovod, run_main, wait_until, without_lr)
 
 ARGS = ("--warmup-epochs", 1)  # the same flags for main_ddp.py and main_horovod.py
-
-
-def assert_close(got, want, tol, what=""):
-    assert got.keys() == want.keys()
-    for k in want:
-        scale = max(want[k].abs().max().item(), 1e-12)
-        assert (got[k] - want[k]).abs().max().item() <= tol * scale, f"{what}{k}"
 
 
 @pytest.fixture(scope="module")
@@ -52,10 +46,9 @@ def test_ranks_end_bitwise_identical_and_rank0_alone_writes(ddp2):
     assert [x["threads"] for x in ranks] == [max(1, len(os.sched_getaffinity(0)) // 2)] * 2
     if len(os.sched_getaffinity(0)) >= 2:
         assert not set(ranks[0]["cores"]) & set(ranks[1]["cores"]), "each rank on its own cores"
-    for k, v in ranks[0]["model"].items():
-        assert torch.equal(v, ranks[1]["model"][k]), f"{k} differs between ranks"
+    assert_ranks_identical(ranks)
     saved = load_ckpt(probe / "ck" / "ckpt.pth")
-    assert all(torch.equal(saved["model"][k], v) for k, v in ranks[0]["model"].items())
+    assert_states_equal(saved["model"], ranks[0]["model"], "the checkpoint")
     assert saved["world_size"] == 2 and not any(k.startswith("module.") for k in saved["model"])
     rows = read_metrics(probe / "ck")
     assert [x["epoch"] for x in rows] == ["1", "2"] and all(x["world_size"] == "2" for x in rows)
@@ -69,7 +62,7 @@ def test_ranks_end_bitwise_identical_and_rank0_alone_writes(ddp2):
 def test_ddp_np2_equals_horovod_np2(ddp2, hvd2):
     ddp, hvd = load_ranks(ddp2[0], 2), load_ranks(hvd2, 2)
     for r in range(2):
-        assert_close(ddp[r]["model"], hvd[r]["model"], 1e-6, f"rank {r}: ")
+        assert_states_equal(ddp[r]["model"], hvd[r]["model"], f"rank {r}", atol_scale=1e-6)
     for a, b in zip(ddp[0]["result"], hvd[0]["result"]):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-6)
         assert a["lr"] == pytest.approx(b["lr"], rel=1e-12)
@@ -86,9 +79,9 @@ def test_np2_at_batch_b_equals_np1_at_2b_also_with_batches_per_allreduce(data_di
     assert_ok(run_ddp(2, common_args(data_dir, tmp_path / "k2", "--warmup-epochs", 0,
                                      "--batches-per-allreduce", 2, batch=b // 2, lr=lr / 4)))
     one = load_ckpt(tmp_path / "np1" / "ckpt.pth")["model"]
-    # Up to summation order, as in test_main_horovod.py's d2 (1.3e-5 of the scale seen there).
-    assert_close(load_ckpt(tmp_path / "np2" / "ckpt.pth")["model"], one, 5e-5, "np=2: ")
-    assert_close(load_ckpt(tmp_path / "k2" / "ckpt.pth")["model"], one, 5e-5, "k=2: ")
+    # Up to summation order, as in test_main_horovod.py's np=2 against np=1 (1.3e-5 of the scale seen there).
+    assert_states_equal(load_ckpt(tmp_path / "np2" / "ckpt.pth")["model"], one, "np=2", atol_scale=5e-5)
+    assert_states_equal(load_ckpt(tmp_path / "k2" / "ckpt.pth")["model"], one, "k=2", atol_scale=5e-5)
     lrs = [float(read_metrics(tmp_path / d)[-1]["lr"]) for d in ("np1", "np2", "k2")]
     assert lrs == pytest.approx([lrs[0]] * 3), "the LR scaled by size and batches per allreduce"
     # ...and they did move: the comparison is not of two untouched inits.
@@ -113,7 +106,7 @@ def test_checkpoints_cross_between_horovod_and_ddp_at_another_world_size(ddp2, h
         # The saved cosine continues: base 0.05 per process from epoch 0 over 3, now x 1.
         assert float(rows[2]["lr"]) == pytest.approx(0.05 * 0.5 * (1 + math.cos(2 * math.pi / 3)))
         ends.append(load_ckpt(tmp_path / name / "ckpt.pth")["model"])
-    assert_close(ends[0], ends[1], 1e-5, "resumed: ")
+    assert_states_equal(ends[0], ends[1], "resumed", atol_scale=1e-5)
 
 
 def test_evaluate_is_identical_at_np_1_2_3(ddp2, data_dir):

@@ -16,11 +16,9 @@ import contextlib
 import os
 import signal
 
-import pytest
-import torch
 
-from helpers import (BIN, PY, ROOT, UNTIL_ENDED, common_args, is_gone, load_ckpt, metrics_rows, rank_pids,
-                     read_metrics, run_horovod, trainer_pids, wait_until, without_lr)
+from helpers import (BIN, PY, ROOT, UNTIL_ENDED, assert_states_equal, common_args, is_gone, load_ckpt,
+                     metrics_rows, rank_pids, read_metrics, run_horovod, trainer_pids, wait_until, without_lr)
 
 DISCOVER = os.path.join(ROOT, "scripts", "discover_hosts.sh")
 EPOCHS = 6
@@ -70,7 +68,7 @@ def assert_shrank_without_gaps(ckpt_dir, output):
     return rows
 
 
-def test_e1_slot_removal_continues_at_np2(data_dir, tmp_path, jobs):
+def test_slot_removal_continues_at_np2(data_dir, tmp_path, jobs):
     slots, ck = tmp_path / "slots", tmp_path / "ck"
     slots.write_text("3\n")
     job = jobs(elastic_cmd(slots, 3, 2, 3, common_args(data_dir, ck, **TRAIN)))
@@ -97,7 +95,7 @@ def test_e1_slot_removal_continues_at_np2(data_dir, tmp_path, jobs):
     assert "has been removed from elastic job" in out  # the worker whose slot went away
 
 
-def test_e2_killed_worker_rolls_back_to_last_epoch(data_dir, tmp_path, jobs):
+def test_killed_worker_rolls_back_to_last_epoch(data_dir, tmp_path, jobs):
     # One machine under two names: the driver blacklists a failed worker's whole host,
     # so the worker to kill gets a host of its own (127.0.0.1), and localhost goes on.
     slots, ck = tmp_path / "slots", tmp_path / "ck"
@@ -115,7 +113,7 @@ def test_e2_killed_worker_rolls_back_to_last_epoch(data_dir, tmp_path, jobs):
     assert_shrank_without_gaps(ck, out)
 
 
-def test_e3_fixed_world_matches_main_horovod(data_dir, tmp_path, jobs):
+def test_fixed_world_matches_main_horovod(data_dir, tmp_path, jobs):
     # With nobody leaving, the elastic trainer is main_horovod.py, bit for bit, across a
     # resume too: epoch 1, stop, then --resume (without --lr: the saved schedule goes on)
     # for epoch 2 equals main_horovod.py's 2 epochs in one go.
@@ -130,18 +128,17 @@ def test_e3_fixed_world_matches_main_horovod(data_dir, tmp_path, jobs):
     assert r.returncode == 0, r.stderr[-3000:]
     mine, ref = load_ckpt(el / "ckpt.pth"), load_ckpt(tmp_path / "hv" / "ckpt.pth")
     assert mine.keys() == ref.keys()  # the same checkpoint format: main.py and main_horovod.py resume it
-    for k in ref["model"]:
-        assert torch.equal(mine["model"][k], ref["model"][k]), k
+    assert_states_equal(mine["model"], ref["model"], "main_elastic.py and main_horovod.py")
     assert mine["optimizer"]["state"].keys() == ref["optimizer"]["state"].keys()
     for i, s in ref["optimizer"]["state"].items():  # the fresh optimizer's sync left no trace
-        assert torch.equal(mine["optimizer"]["state"][i]["momentum_buffer"], s["momentum_buffer"])
+        assert_states_equal(mine["optimizer"]["state"][i], s, f"momentum of parameter {i}")
     assert mine["schedule"] == ref["schedule"]
     rows = read_metrics(el)
     assert [(r["epoch"], r["world_size"]) for r in rows] == [("1", "2"), ("2", "2")]
     assert [r["lr"] for r in rows] == [r["lr"] for r in read_metrics(tmp_path / "hv")]
 
 
-def test_e4_preflight_error_stops_every_worker(data_dir, tmp_path, jobs):
+def test_preflight_error_stops_every_worker(data_dir, tmp_path, jobs):
     # Rank 0 alone checks; its error reaches the others through the first state sync.
     slots, ck = tmp_path / "slots", tmp_path / "ck"
     slots.write_text("2\n")
@@ -156,7 +153,7 @@ def test_e4_preflight_error_stops_every_worker(data_dir, tmp_path, jobs):
     assert (ck / "ckpt.pth").read_bytes() == b"not a checkpoint"
 
 
-def test_e5_sigterm_to_the_driver_ends_every_worker_and_the_resume_works(data_dir, tmp_path, jobs):
+def test_sigterm_to_the_driver_ends_every_worker_and_the_resume_works(data_dir, tmp_path, jobs):
     # As a scheduler ends an elastic job: SIGTERM to horovodrun, which passes it on.
     slots, ck = tmp_path / "slots", tmp_path / "ck"
     slots.write_text("2\n")

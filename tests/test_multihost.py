@@ -18,15 +18,14 @@ import subprocess
 import time
 
 import pytest
-import torch
 
-from helpers import (BIN, PY, ROOT, UNTIL_ENDED, assert_ok, common_args, env, is_gone, load_ckpt,
-                     load_ranks, metrics_rows, rank_pids, read_metrics, run, run_horovod, trainer_pids,
-                     wait_until, without_lr)
+from helpers import (BIN, PY, ROOT, UNTIL_ENDED, assert_ok, assert_ranks_identical, assert_states_equal,
+                     common_args, env, is_gone, load_ckpt,
+                     load_ranks, metrics_rows, probe_cmd, rank_pids, read_metrics, run, run_horovod,
+                     trainer_pids, wait_until, without_lr)
 
 SCRIPT = os.path.join(ROOT, "scripts", "local_cluster.sh")
 DISCOVER = os.path.join(ROOT, "scripts", "discover_hosts.sh")
-PROBE = os.path.join(ROOT, "tests", "rank_probe.py")
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 JOB_TIMEOUT = 150  # seconds for one launch, ssh included, on a busy machine
 EPOCHS = 3  # the schedule's length; the comparisons stop at epoch 2
@@ -61,8 +60,8 @@ class Cluster:
 
     def launch(self, launcher, np_, args, probe=None, hosts=None, script="main_horovod.py"):
         """A launcher on host 1 that starts np_ ranks over the cluster's hosts."""
-        entry = [PROBE, probe] if probe else [os.path.join(ROOT, script)]
-        cmd = [PY, *entry, *args]
+        cmd = probe_cmd("rank_horovod", probe) if probe else [PY, os.path.join(ROOT, script)]
+        cmd += list(args)
         if launcher == "mpirun":
             cmd = ["mpirun", "-np", np_, "--hostfile", self.vars["CLUSTER_HOSTFILE"],
                    *self.vars["CLUSTER_MPIRUN_ARGS"], *cmd]
@@ -108,12 +107,6 @@ def reference(data_dir, tmp_path_factory):
     return load_ranks(probe, 2)[0]["model"]
 
 
-def assert_same_model(got, want):
-    assert got.keys() == want.keys()
-    for k in want:
-        assert torch.equal(got[k], want[k]), f"{k} differs from the one-host run"
-
-
 def assert_two_hosts(ranks, cluster, local_size=1):
     """Each rank ran on the host the launcher put it on, and Horovod saw the cluster."""
     names = [f"{cluster.env['CLUSTER_NAME']}-h{1 + r * 2 // len(ranks)}" for r in range(len(ranks))]
@@ -131,8 +124,8 @@ def test_mpirun_hostfile_trains_across_hosts_bitwise(cluster, reference, tmp_pat
     assert_ok(cluster.run("mpirun", 2, args, probe=tmp_path))
     ranks = load_ranks(tmp_path, 2)
     assert_two_hosts(ranks, cluster)
-    assert_same_model(ranks[1]["model"], reference)
-    assert_same_model(load_ckpt(tmp_path / "ck" / "ckpt.pth")["model"], reference)
+    assert_states_equal(ranks[1]["model"], reference, "rank 1 and the one-host run")
+    assert_states_equal(load_ckpt(tmp_path / "ck" / "ckpt.pth")["model"], reference, "the checkpoint")
 
 
 def test_horovodrun_gloo_trains_and_resumes_across_hosts_bitwise(cluster, reference, data_dir, tmp_path):
@@ -143,7 +136,7 @@ def test_horovodrun_gloo_trains_and_resumes_across_hosts_bitwise(cluster, refere
     second = assert_ok(cluster.run("gloo", 2, args, probe=tmp_path))
     ranks = load_ranks(tmp_path, 2)
     assert_two_hosts(ranks, cluster)
-    assert_same_model(ranks[1]["model"], reference)
+    assert_states_equal(ranks[1]["model"], reference, "rank 1 and the one-host run")
     # The resume says what it continues, from rank 0 alone.
     said = [ln for ln in second.stdout.splitlines() if "resuming" in ln]
     assert len(said) == 1 and said[0].startswith("[0]<stdout>:resuming ") and "after epoch 1" in said[0] \
@@ -164,8 +157,7 @@ def test_horovodrun_mpi_four_ranks_on_two_slots_per_host(cluster, data_dir, tmp_
                           hosts=hosts))
     ranks = load_ranks(tmp_path, 4)
     assert_two_hosts(ranks, cluster, local_size=2)
-    for other in ranks[1:]:
-        assert_same_model(other["model"], ranks[0]["model"])
+    assert_ranks_identical(ranks)
 
 
 # ---------------------------------------------------------------------------
@@ -291,7 +283,7 @@ def test_torchrun_ddp_across_two_hosts_equals_one_host(cluster, reference, data_
     nodes = [jobs(cluster.on(i + 1, [os.path.join(BIN, "torchrun"), "--nnodes", 2, "--node_rank", i,
                                      "--nproc_per_node", 1, "--rdzv-backend", "c10d",
                                      "--rdzv-endpoint", endpoint, "--rdzv-id", f"ddp{os.getpid()}",
-                                     os.path.join(ROOT, "tests", "rank_probe_ddp.py"), tmp_path, *args]),
+                                     *probe_cmd("rank_ddp", tmp_path)[1:], *args]),
                   env_extra=extra) for i in range(2)]
     for node in nodes:
         assert node.wait(timeout=JOB_TIMEOUT) == 0, node.output()[-4000:]
@@ -299,7 +291,5 @@ def test_torchrun_ddp_across_two_hosts_equals_one_host(cluster, reference, data_
     assert [r["size"] for r in ranks] == [2, 2] and [r["local_size"] for r in ranks] == [1, 1]
     assert sorted(r["host"] for r in ranks) == [f"{cluster.env['CLUSTER_NAME']}-h{i}" for i in (1, 2)]
     for r in ranks:
-        for k, v in reference.items():
-            scale = max(v.abs().max().item(), 1e-12)
-            assert (r["model"][k] - v).abs().max().item() <= 1e-6 * scale, f"{k} differs from one host"
+        assert_states_equal(r["model"], reference, "two hosts and one", atol_scale=1e-6)
     assert [int(x["epoch"]) for x in read_metrics(tmp_path / "ck")] == [1, 2]

@@ -1,17 +1,20 @@
-"""Failures: bad input, broken files, a full disk, killed processes, and exact resume."""
+"""Failures: bad input, broken files, a full disk, killed processes, exact resume, two runs
+on one folder, and the modes of what a run writes."""
 import os
 import shutil
 import signal
+import socket
+import stat
 import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
-from helpers import (PY, ROOT, UNTIL_ENDED, assert_one_line_error, common_args, env, horovod_cmd,
-                     is_gone, kill_rank_and_wait, last_line, load_ckpt, metrics_rows, parse_eval,
-                     rank_pids, read_metrics, run_horovod, run_main, wait_until, without_lr)
+from helpers import (PY, ROOT, UNTIL_ENDED, assert_one_line_error, assert_states_equal, common_args,
+                     env, horovod_cmd, is_gone, kill_rank_and_wait, last_line, load_ckpt,
+                     metrics_rows, parse_eval, probe_cmd, rank_pids, read_metrics, run_horovod,
+                     run_main, wait_until, without_lr)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +37,7 @@ def snapshot(folder):
 
 
 # ---------------------------------------------------------------------------
-# 1. Bad input: one line, non-zero exit, nothing changed on disk
+# Bad input: one line, non-zero exit, nothing changed on disk
 
 @pytest.mark.parametrize("flags,needle", [
     (["--epochs", "0"], "--epochs must be positive"),
@@ -158,17 +161,12 @@ def test_error_on_one_rank_ends_all_ranks(run2, data_dir, tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# 2 and 5. Atomic, safe checkpoints
+# Atomic, safe checkpoints
 
 def test_killed_writer_leaves_the_previous_checkpoint(run2, tmp_path):
     ck = fresh_copy(run2, tmp_path / "ck")
     before = (ck / "ckpt.pth").read_bytes()
-    code = ("import os, signal, safeio\n"
-            "def write(f):\n"
-            "    f.write(b'half a checkpoint' * 1000); f.flush()\n"
-            "    os.kill(os.getpid(), signal.SIGKILL)\n"
-            f"safeio.atomic_write({str(ck / 'ckpt.pth')!r}, write)\n")
-    r = subprocess.run([PY, "-c", code], cwd=ROOT, env=env())
+    r = subprocess.run(probe_cmd("killed_writer", ck / "ckpt.pth"), cwd=ROOT, env=env())
     assert r.returncode == -signal.SIGKILL
     assert (ck / "ckpt.pth").read_bytes() == before
     assert load_ckpt(ck / "ckpt.pth")["epoch"] == 2
@@ -193,7 +191,7 @@ def test_checkpoint_with_pickled_code_is_refused(run2, data_dir, tmp_path):
 
 
 # ---------------------------------------------------------------------------
-# 6. pytorch-cifar checkpoints
+# pytorch-cifar checkpoints
 
 def test_pytorch_cifar_checkpoint_evaluates_and_resumes(run2, data_dir, tmp_path):
     ours = load_ckpt(run2 / "ckpt.pth")
@@ -214,11 +212,7 @@ def test_pytorch_cifar_checkpoint_evaluates_and_resumes(run2, data_dir, tmp_path
 
 
 # ---------------------------------------------------------------------------
-# 4. Exact resume
-
-def _same_weights(a, b):
-    return all(torch.equal(a[k], b[k]) for k in a) and a.keys() == b.keys()
-
+# Exact resume
 
 def _columns(rows):
     return [(r["epoch"], r["lr"], r["train_loss"], r["train_acc"], r["test_loss"], r["test_acc"]) for r in rows]
@@ -236,12 +230,13 @@ def test_stopped_and_resumed_equals_uninterrupted(data_dir, tmp_path, np_):
     i = resume.index("--lr")
     del resume[i:i + 2]  # no --lr: continue the saved schedule
     assert launch(resume).returncode == 0
-    assert _same_weights(load_ckpt(full / "ckpt.pth")["model"], load_ckpt(part / "ckpt.pth")["model"])
+    assert_states_equal(load_ckpt(full / "ckpt.pth")["model"], load_ckpt(part / "ckpt.pth")["model"],
+                        "the resumed and the uninterrupted run")
     assert _columns(read_metrics(full)) == _columns(read_metrics(part))
 
 
 # ---------------------------------------------------------------------------
-# 3. A worker killed under horovodrun
+# A worker killed under horovodrun
 
 def test_kill_9_of_one_worker_ends_the_job_and_resume_loses_nothing(data_dir, tmp_path, jobs):
     ck = tmp_path / "ck-killed"
@@ -295,3 +290,57 @@ def test_sigterm_ends_every_rank_with_one_line_and_resume_works(data_dir, tmp_pa
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"after epoch {done}" in r.stdout
     assert [int(x["epoch"]) for x in read_metrics(ck)] == list(range(1, done + 2))
+
+
+# ---------------------------------------------------------------------------
+# One run per checkpoint folder, and restarts that take it over
+
+def test_two_runs_started_together_on_one_folder_one_is_refused(data_dir, tmp_path, jobs):
+    # Both have a schedule they cannot finish, so only the folder's lock tells them apart.
+    ck = tmp_path / "ck"
+    cmd = [PY, "main.py", *common_args(data_dir, ck, epochs=UNTIL_ENDED)]
+    both = [jobs(cmd), jobs(cmd)]
+    ended = wait_until(lambda: [j for j in both if j.proc.poll() is not None], 120, "one run refused")
+    assert len(ended) == 1, [j.output()[-2000:] for j in both]
+    loser, winner = ended[0], next(j for j in both if j is not ended[0])
+    assert loser.wait(timeout=10) == 1
+    errors = [ln for ln in loser.output().splitlines() if "error" in ln.lower()]
+    assert errors == [f"main.py: error: --checkpoint-dir {ck} is in use by another run (host "
+                      f"{socket.gethostname()}, process {winner.proc.pid}); wait for it to end, or "
+                      "choose another --checkpoint-dir"], loser.output()[-2000:]
+    wait_until(lambda: len(metrics_rows(ck)) >= 2, 120, "2 finished epochs", winner)
+    winner.signal(signal.SIGTERM)
+    assert winner.wait(timeout=30) == 143
+    done = load_ckpt(ck / "ckpt.pth")
+    assert [r["epoch"] for r in done["history"]] == list(range(1, done["epoch"] + 1))
+    assert [int(r["epoch"]) for r in read_metrics(ck)] == list(range(1, done["epoch"] + 1))
+
+
+def test_a_restart_takes_the_folder_over_once_the_old_run_is_gone(data_dir, tmp_path, jobs):
+    ck = tmp_path / "ck"
+    args = without_lr(common_args(data_dir, ck, "--auto-resume", epochs=UNTIL_ENDED))
+    first = jobs([PY, "main.py", *args])  # --auto-resume with no checkpoint: a fresh start
+    wait_until(lambda: len(metrics_rows(ck)) >= 1, 120, "a finished epoch", first)
+    first.kill()  # SIGKILL: no handler runs, and the kernel drops the lock
+    done = load_ckpt(ck / "ckpt.pth")["epoch"]
+    r = run_main(args + ["--stop-at", done + 1])
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"resuming {ck / 'ckpt.pth'} after epoch {done}" in r.stdout
+    assert [int(x["epoch"]) for x in read_metrics(ck)] == list(range(1, done + 2))
+    # Restarted again after the run's last epoch: nothing to train, and no error.
+    again = run_main(args + ["--stop-at", done + 1])
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert f"has finished epoch {done + 1}: nothing left to train" in again.stdout
+    assert [int(x["epoch"]) for x in read_metrics(ck)] == list(range(1, done + 2))
+
+
+def test_a_run_writes_files_with_the_mode_of_its_umask(tmp_path):
+    # A fresh --data-dir, so the generated batches are checked too.
+    r = run_main(common_args(tmp_path / "data", tmp_path / "ck", epochs=1),
+                 preexec_fn=lambda: os.umask(0o027))
+    assert r.returncode == 0, r.stderr[-2000:]
+    files = [os.path.join(d, f) for top in ("data", "ck") for d, _, fs in os.walk(tmp_path / top) for f in fs]
+    names = {os.path.basename(f) for f in files}
+    assert {"ckpt.pth", "best.pth", "metrics.csv", "curves.png", "data_batch_1", "test_batch"} <= names
+    modes = {f: oct(stat.S_IMODE(os.stat(f).st_mode)) for f in files}
+    assert set(modes.values()) == {"0o640"}, modes

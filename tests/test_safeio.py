@@ -1,4 +1,7 @@
-"""safeio.py: atomic writes, and work done once under a lock."""
+"""safeio.py: atomic writes and their modes, work done once under a lock, a held folder."""
+import os
+import stat
+import subprocess
 import threading
 import time
 
@@ -6,6 +9,7 @@ import pytest
 
 import safeio
 from errors import TrainerError
+from helpers import probe_cmd
 
 
 def test_atomic_write_keeps_old_file_on_error(tmp_path):
@@ -43,3 +47,33 @@ def test_once_does_the_work_once_among_concurrent_callers(tmp_path):
     assert sorted(results) == [False] * 7 + [True] and len(calls) == 1
     assert target.read_bytes() == b"whole"
     assert sorted(p.name for p in (tmp_path / "data").iterdir()) == [".lock", "done"]
+
+
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o007, 0o660)])
+def test_atomic_write_gives_the_mode_open_would(tmp_path, mask, mode):
+    old = os.umask(mask)
+    try:
+        assert safeio.umask() == mask
+        safeio.atomic_write(str(tmp_path / "f"), lambda f: f.write(b"x"))
+        with open(tmp_path / "plain", "w"):
+            pass
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "f").st_mode) == mode
+    assert stat.S_IMODE(os.stat(tmp_path / "plain").st_mode) == mode
+
+
+def test_hold_is_one_process_at_a_time_until_the_holder_ends(tmp_path):
+    lock = tmp_path / "run" / ".run.lock"
+    holder = subprocess.Popen(probe_cmd("holder", lock), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert safeio.hold(str(lock), "this test") == f"the holder probe, process {holder.pid}"
+    finally:
+        holder.kill()  # SIGKILL: the kernel drops the lock with the process
+        holder.wait()
+    assert safeio.hold(str(lock), "this test") is None
+    assert safeio.hold(str(lock), "this test") is None, "held already: again"
+    assert lock.read_text() == "this test\n"
+    again = subprocess.run(probe_cmd("holder", lock), capture_output=True, text=True, timeout=60)
+    assert again.stdout == "refused: this test\n"

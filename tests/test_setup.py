@@ -63,12 +63,12 @@ def test_system_torch_venv_trains_at_np2(system_clone, data_dir):
 
 
 def test_gpu_check_jobs_run_on_the_cpu(tmp_path):
-    # The GPU machine is lent rarely, so its job list runs here on the CPU: every line must
+    # No GPU runs in CI, so gpu-check's job list runs here on the CPU: every line must
     # report images/s, and --resume must continue the run. The variants whose flags have tests
     # of their own (--compile, bf16, --no-channels-last) are left out to keep the suite short.
     out = tmp_path / "gpu-check.json"
     skips = ["--skip=--compile", "--skip=bf", "--skip=--no-channels-last"]
-    r = subprocess.run([PY, "scripts/gpu_check.py", "--device", "cpu", "--no-setup", *skips, "--out", str(out)],
+    r = subprocess.run([PY, "-m", "benchmarks.gpu_check", "--device", "cpu", "--no-setup", *skips, "--out", str(out)],
                        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     lines = r.stdout.strip().splitlines()
@@ -79,7 +79,7 @@ def test_gpu_check_jobs_run_on_the_cpu(tmp_path):
 
 
 def test_gpu_check_without_a_gpu_is_one_line_and_quick():
-    r = subprocess.run(["python3", "scripts/gpu_check.py"], cwd=ROOT, capture_output=True, text=True,
+    r = subprocess.run(["python3", "-m", "benchmarks.gpu_check"], cwd=ROOT, capture_output=True, text=True,
                        timeout=60, env=env({"PATH": "/usr/bin:/bin"}))  # no nvidia-smi on this PATH
     assert r.returncode == 1
     lines = (r.stdout + r.stderr).strip().splitlines()

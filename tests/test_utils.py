@@ -4,10 +4,9 @@ import math
 import pytest
 import torch
 
-import cli
 import loaders
-import runlog
 import utils
+from helpers import parse
 
 
 def test_cosine_schedule_per_epoch():
@@ -46,8 +45,7 @@ def _count_host_syncs(monkeypatch):
 
 
 def test_training_step_loop_has_no_host_sync(monkeypatch):
-    args = cli.parse_args(cli.build_parser(""), ["--arch", "lenet", "--batch-size", "8",
-                                                     "--log-interval", "1000"])
+    args = parse("--arch", "lenet", "--batch-size", "8", "--log-interval", "1000")
     torch.manual_seed(0)
     images = torch.randint(0, 256, (80, 3, 32, 32), dtype=torch.uint8)
     loader = loaders.DeviceLoader(images, torch.arange(80) % 10, 8, train=True)
@@ -56,14 +54,14 @@ def test_training_step_loop_has_no_host_sync(monkeypatch):
     scaler = utils.make_scaler(args, torch.device("cpu"))
     schedule = utils.LRSchedule(0.1, 0, 10)
     calls = _count_host_syncs(monkeypatch)
-    out = utils.train_epoch(model, loader, optimizer, scaler, schedule, 0, args, runlog.Progress(False))
+    out = utils.train_epoch(model, loader, optimizer, scaler, schedule, 0, args, utils.Port())
     assert len(loader) == 10
     assert calls == ["tolist"], "only the end-of-epoch reduction may read values back"
     assert out["images"] == 80
     # The instrument works: a log interval inside the epoch adds exactly its readings.
     calls.clear()
-    args = cli.parse_args(cli.build_parser(""), ["--arch", "lenet", "--batch-size", "8", "--log-interval", "5"])
-    utils.train_epoch(model, loader, optimizer, scaler, schedule, 1, args, runlog.Progress(False))
+    args = parse("--arch", "lenet", "--batch-size", "8", "--log-interval", "5")
+    utils.train_epoch(model, loader, optimizer, scaler, schedule, 1, args, utils.Port())
     assert calls == ["tolist", "tolist"]
 
 
@@ -81,14 +79,13 @@ def test_replace_batchnorm_keeps_state():
 
 def test_profile_steps_beyond_the_epoch_still_reports(capsys):
     # 80 images at batch 8 are 10 steps; asking for 50 profiles all 10 and says so.
-    args = cli.parse_args(cli.build_parser(""), ["--arch", "lenet", "--batch-size", "8",
-                                                 "--log-interval", "1000", "--profile-steps", "50"])
+    args = parse("--arch", "lenet", "--batch-size", "8", "--log-interval", "1000", "--profile-steps", "50")
     images = torch.randint(0, 256, (80, 3, 32, 32), dtype=torch.uint8)
     loader = loaders.DeviceLoader(images, torch.arange(80) % 10, 8, train=True)
     model = utils.build_model(args, torch.device("cpu"))
     optimizer = utils.make_optimizer(model)
     utils.train_epoch(model, loader, optimizer, utils.make_scaler(args, torch.device("cpu")),
-                      utils.LRSchedule(0.1, 0, 10), 0, args, runlog.Progress(True), profile_epoch=0)
+                      utils.LRSchedule(0.1, 0, 10), 0, args, profile=True)
     out = capsys.readouterr().out
     assert "profile: median ms per step over 10 steps" in out, out
 

@@ -1,16 +1,16 @@
 """Run main_ddp.main() under torchrun and save what THIS rank ended with.
 
-    torchrun --nproc_per_node 2 tests/rank_probe_ddp.py OUT_DIR [main_ddp.py flags]
+    torchrun --nproc_per_node 2 tests/probes/rank_ddp.py OUT_DIR [main_ddp.py flags]
 
 Each rank writes OUT_DIR/rank<r>.pt with its model state and metric history,
-and where it ran (its host's name, the world and local sizes), as rank_probe.py
+and where it ran (its host's name, the world and local sizes), as rank_horovod.py
 does for Horovod, so tests can compare ranks with each other.
 """
 import os
 import socket
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402

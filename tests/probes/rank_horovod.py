@@ -1,6 +1,6 @@
 """Run main_horovod.main() under a real launcher and save what THIS rank ended with.
 
-    horovodrun -np 2 python tests/rank_probe.py OUT_DIR [main_horovod.py flags]
+    horovodrun -np 2 python tests/probes/rank_horovod.py OUT_DIR [main_horovod.py flags]
 
 Each rank writes OUT_DIR/rank<r>.pt with its model state and metric history,
 and where it ran (its host's name, Horovod's sizes), so tests can compare ranks
@@ -10,7 +10,7 @@ import os
 import socket
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import horovod.torch as hvd  # noqa: E402
 import torch  # noqa: E402

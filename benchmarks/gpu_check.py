@@ -2,17 +2,17 @@
 
     make gpu-check                         # set-up (TORCH=system where a CUDA torch exists), then jobs
     make gpu-check GPU_PYTHON=/opt/conda/bin/python
-    python3 scripts/gpu_check.py --device cpu --quick --no-setup   # the same jobs on the CPU
+    python3 -m benchmarks.gpu_check --device cpu --quick --no-setup   # the same jobs on the CPU
 
 Each job prints one line with its images/s (the last epoch's, from metrics.csv) or why it
 failed; the exit status is non-zero if any job failed. Without a GPU it says so in one
-line and exits 1 at once. Offline, give the set-up HOROVOD_SDIST= and WHEELS= (README).
+line and exits 1 at once. Offline, give the set-up HOROVOD_SDIST= and WHEELS= (docs/INSTALL.md).
 The lines also go to --out (JSON) for benchmarks/RESULTS.md.
 
-The preflight uses the standard library only, so any python3 runs it.
+It uses the standard library only (and trainer_runs, which does too), so any python3
+runs it before the set-up; the jobs run in the set-up's .venv.
 """
 import argparse
-import csv
 import json
 import os
 import shutil
@@ -21,9 +21,9 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks.trainer_runs import ROOT, run_trainer, shown
+
 VENV_PY = os.path.join(ROOT, ".venv", "bin", "python")
-MPI_ROOT = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
 def say(line):
@@ -72,10 +72,9 @@ def jobs(cfg):
     ]
 
 
-def last_rate(ckpt):
-    with open(os.path.join(ckpt, "metrics.csv")) as f:
-        rows = list(csv.DictReader(f))
-    return float(rows[-1]["images_per_s"]), len(rows)
+def cpu_only(cfg):
+    """--device cpu hides any GPU from the jobs."""
+    return {"CUDA_VISIBLE_DEVICES": ""} if cfg["device"] == "cpu" else {}
 
 
 def run_job(py, cfg, scratch, n, name, launcher, flags, extra, results):
@@ -86,22 +85,18 @@ def run_job(py, cfg, scratch, n, name, launcher, flags, extra, results):
     cmd = [py, "main.py" if launcher == "main" else "main_horovod.py", *base, *flags]
     if launcher == "hvd":
         cmd = [os.path.join(os.path.dirname(py), "horovodrun"), "-np", "1", "--gloo", *cmd]
-    env = dict(os.environ, **MPI_ROOT, **extra, PYTHONUNBUFFERED="1")
-    if cfg["device"] == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=cfg["timeout"],
-                       stdin=subprocess.DEVNULL)
+    r, rows = run_trainer(cmd, ckpt, dict(extra, **cpu_only(cfg)), cfg["timeout"], python=py)
     wall = time.perf_counter() - t0
     if r.returncode != 0:
         why = ([ln for ln in (r.stderr + r.stdout).splitlines() if ln.strip()] or ["no output"])[-1]
         say(f"{name}: FAILED ({why.strip()[:200]})")
-        results.append({"job": name, "ok": False, "error": why.strip(), "command": cmd})
+        results.append({"job": name, "ok": False, "error": why.strip(), "command": shown(cmd)})
         return False, ckpt
-    rate, epochs = last_rate(ckpt)
-    say(f"{name}: {rate:,.0f} img/s (epoch {epochs}, {wall:.0f} s in all)")
+    rate = float(rows[-1]["images_per_s"])
+    say(f"{name}: {rate:,.0f} img/s (epoch {len(rows)}, {wall:.0f} s in all)")
     results.append({"job": name, "ok": True, "images_per_s": rate, "wall_s": wall, "env": extra,
-                    "command": [os.path.relpath(c, ROOT) if c.startswith(ROOT) else c for c in cmd]})
+                    "command": shown(cmd)})
     return True, ckpt
 
 
@@ -111,15 +106,11 @@ def resume_job(py, cfg, scratch, ckpt, results):
            "--dataset", "synthetic", "--synthetic-size", str(cfg["images"]), "--data-dir",
            os.path.join(scratch, "data"), "--arch", cfg["arch"], "--batch-size", str(cfg["batch"]),
            "--epochs", str(cfg["epochs"] + 1), "--checkpoint-dir", ckpt, "--resume", "--log-interval", "1000"]
-    env = dict(os.environ, **MPI_ROOT, HOROVOD_ELASTIC="1", PYTHONUNBUFFERED="1")
-    if cfg["device"] == "cpu":
-        env["CUDA_VISIBLE_DEVICES"] = ""
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=cfg["timeout"],
-                       stdin=subprocess.DEVNULL)
-    ok = r.returncode == 0 and last_rate(ckpt)[1] == cfg["epochs"] + 1
+    r, rows = run_trainer(cmd, ckpt, dict(HOROVOD_ELASTIC="1", **cpu_only(cfg)), cfg["timeout"], python=py)
+    ok = len(rows) == cfg["epochs"] + 1
     if ok:
-        rate, epochs = last_rate(ckpt)
-        say(f"main_horovod.py np=1, hooks on, --resume: {rate:,.0f} img/s (epoch {epochs} of {epochs})")
+        say(f"main_horovod.py np=1, hooks on, --resume: {float(rows[-1]['images_per_s']):,.0f} img/s "
+            f"(epoch {len(rows)} of {len(rows)})")
     else:
         say(f"main_horovod.py np=1, hooks on, --resume: FAILED ({(r.stderr.strip().splitlines() or ['?'])[-1]})")
     results.append({"job": "--resume", "ok": ok})

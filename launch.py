@@ -1,0 +1,138 @@
+"""The process side of a run: where a launcher put this process, and how it ends.
+
+Before any init, a launcher's environment variables are all a process knows of its
+rank (`launcher_rank`) and of the other processes on its host (`torchrun_local`).
+`run_cli` runs a trainer's main() and turns its ends into one line and an exit status:
+a TrainerError, a peer rank's failure (Horovod's and torch.distributed's exceptions,
+recognised by name), Ctrl-C, and the stop signals: SIGTERM, which schedulers send on
+pre-emption and at time limits and launchers when they end a job, and the user signal
+`stop_on` adds. Nothing here imports Horovod or torch.distributed, parses flags, or trains.
+"""
+import os
+import signal
+import sys
+
+from errors import TrainerError, UsageError
+
+# Where launchers give a process its rank before any init, in the order they are read:
+# horovodrun; Open MPI's mpirun; torchrun, whose workers under srun inherit the torchrun
+# task's PMIx and Slurm ranks; PMIx (srun --mpi=pmix sets no OMPI_ variable); other MPIs;
+# and Slurm's task id last, because mpirun inside an allocation is one Slurm task per node
+# (SLURM_PROCID is 0 for every rank of a node).
+LAUNCHER_RANK_VARS = ("HOROVOD_RANK", "OMPI_COMM_WORLD_RANK", "RANK", "PMIX_RANK", "PMI_RANK",
+                      "SLURM_PROCID")
+
+
+def launched():
+    """Whether a launcher started this process (it set one of LAUNCHER_RANK_VARS)."""
+    return any(var in os.environ for var in LAUNCHER_RANK_VARS)
+
+
+def launcher_rank():
+    """This process's rank as its launcher set it, known before any init (0 without one)."""
+    for var in LAUNCHER_RANK_VARS:
+        if var in os.environ:
+            return int(os.environ[var])
+    return 0
+
+
+def torchrun_local():
+    """(local rank, local size) as torchrun gives them; (0, 1) without torchrun."""
+    return int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+
+
+def peer_failed(e):
+    """Whether `e` is how a collective fails when another rank has failed or died:
+    Horovod's HorovodInternalError, torch.distributed's backend errors, or gloo's
+    transport error (a RuntimeError naming gloo's transport). Matched by name: neither
+    library is imported here."""
+    if type(e).__name__ in ("HorovodInternalError", "DistBackendError", "DistNetworkError"):
+        return True
+    return isinstance(e, RuntimeError) and "gloo/transport/" in str(e)
+
+
+# The signals that stop a run cleanly: SIGTERM always (schedulers send it on pre-emption and
+# at time limits, launchers when they end a job), and a user signal where --stop-signal names
+# one (Slurm's --signal and `scancel -s`; USR2 is free where NCCL may use USR1 itself).
+STOP_SIGNALS = ("TERM", "USR1", "USR2")
+
+
+class Terminated(KeyboardInterrupt):
+    """A stop signal, raised in the main thread as Ctrl-C raises KeyboardInterrupt. Not an
+    Exception, so no `except Exception` swallows it, and atomic writes on the way out
+    remove their temporaries."""
+
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _ignore_stop_signals():
+    """From here the process is on its way out: schedulers and launchers send a stop signal
+    more than once (Slurm to every task and step within milliseconds, torchrun's agent a
+    SIGTERM after a worker's USR2), and no later one may cut short the stop under way."""
+    for name in STOP_SIGNALS:
+        signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_IGN)
+
+
+def _raise_terminated(signum, frame):
+    _ignore_stop_signals()
+    raise Terminated(signum)
+
+
+def stop_on(name):
+    """Also stop cleanly on SIG<name> (USR1 or USR2), as on SIGTERM; None adds nothing.
+    Call it from main(), inside run_cli, which puts the handlers back when main ends."""
+    if name:
+        signal.signal(getattr(signal, f"SIG{name}"), _raise_terminated)
+
+
+def run_cli(main, argv=None, finish=None):
+    """Run main(), then finish() if given and main() returned; turn a TrainerError, a peer's
+    failure, Ctrl-C or a stop signal into one line on stderr and an exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    prog = os.path.basename(sys.argv[0] or "main.py")
+    where = f" (rank {launcher_rank()})" if launched() else ""
+    stops = [getattr(signal, f"SIG{name}") for name in STOP_SIGNALS]
+    previous = {signum: signal.getsignal(signum) for signum in stops}
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        return _exit_status(main, argv, finish, prog, where)
+    finally:  # the handlers as they were before, for a caller that goes on
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _exit_status(main, argv, finish, prog, where):
+    try:
+        try:
+            main(argv)
+            if finish:
+                finish()
+        finally:  # no stop signal may interrupt the one-line exits below
+            _ignore_stop_signals()
+        return 0
+    except TrainerError as e:
+        if "--debug" in argv:
+            raise
+        # Every rank hits a usage error alike, so rank 0 alone says it. Other
+        # errors may be one rank's alone, so each says which rank it is.
+        if not isinstance(e, UsageError):
+            print(f"{prog}: error{where}: {e}", file=sys.stderr, flush=True)
+        elif launcher_rank() == 0:
+            print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+    except Exception as e:
+        # The surviving ranks' collectives fail when another rank failed or died;
+        # that rank has said why.
+        if not peer_failed(e) or "--debug" in argv:
+            raise
+        print(f"{prog}: error{where}: stopping because another rank failed or exited "
+              "(its error is above)", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt as e:  # Ctrl-C, or a stop signal (128 + its number, as shells report it)
+        signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
+        how = f" by {signal.Signals(signum).name}" if isinstance(e, Terminated) else ""
+        print(f"{prog}: interrupted{where}{how}; the last finished epoch is in the checkpoint",
+              file=sys.stderr, flush=True)
+        return 128 + signum

@@ -1,0 +1,129 @@
+"""launch.py in process: launcher ranks, peer failures, SIGTERM and the one-line exits."""
+import os
+import signal
+import time
+
+import launch
+import safeio
+from errors import UsageError
+
+
+def test_launcher_rank_reads_the_launchers_variables(monkeypatch):
+    for var in launch.LAUNCHER_RANK_VARS:
+        monkeypatch.delenv(var, raising=False)
+    assert launch.launcher_rank() == 0
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "3")
+    assert launch.launcher_rank() == 3
+
+
+def test_torchrun_local(monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    assert launch.torchrun_local() == (1, 3)
+
+
+def test_sigterm_during_a_save_is_one_line_and_leaves_the_old_file(tmp_path, capsys, monkeypatch):
+    """A real SIGTERM in the middle of an atomic write: exit 143 with one line, the old
+    file whole, no temporary left, and SIGTERM's handling as it was before."""
+    for var in launch.LAUNCHER_RANK_VARS:
+        monkeypatch.delenv(var, raising=False)
+    path = tmp_path / "ckpt.pth"
+    path.write_bytes(b"the previous checkpoint")
+
+    def write(f):
+        f.write(b"half of a new checkpoint")
+        f.flush()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises here, at once
+        f.write(b"never written")
+
+    before = signal.getsignal(signal.SIGTERM)
+    t0 = time.monotonic()
+    code = launch.run_cli(lambda argv: safeio.atomic_write(str(path), write), argv=[])
+    assert code == 143 and time.monotonic() - t0 < 4
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].endswith(": interrupted by SIGTERM; the last finished epoch is in the checkpoint"), err
+    assert path.read_bytes() == b"the previous checkpoint"
+    assert os.listdir(tmp_path) == ["ckpt.pth"]
+    assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_peer_failures_are_recognised_by_name_and_message():
+    gloo = RuntimeError("[/x/third_party/gloo/gloo/transport/tcp/pair.cc:545] Read error "
+                        "[127.0.0.1]:46755: Connection reset by peer")
+    assert launch.peer_failed(gloo)
+    assert launch.peer_failed(type("HorovodInternalError", (RuntimeError,), {})("x"))
+    assert launch.peer_failed(type("DistBackendError", (RuntimeError,), {})("x"))
+    assert not launch.peer_failed(RuntimeError("shape mismatch"))
+    assert not launch.peer_failed(ValueError("gloo/transport/"))
+
+
+def test_finish_runs_after_main_and_not_after_an_error(capsys):
+    done = []
+    assert launch.run_cli(lambda argv: None, argv=[], finish=lambda: done.append(1)) == 0 and done == [1]
+
+    def fail(argv):
+        raise UsageError("bad")
+    assert launch.run_cli(fail, argv=[], finish=lambda: done.append(2)) == 2 and done == [1]
+
+
+def _only(monkeypatch, **env):
+    for var in launch.LAUNCHER_RANK_VARS:
+        monkeypatch.delenv(var, raising=False)
+    for var, value in env.items():
+        monkeypatch.setenv(var, value)
+
+
+def test_launcher_rank_in_the_order_slurm_needs(monkeypatch):
+    _only(monkeypatch, PMIX_RANK="3", SLURM_PROCID="3")  # srun --mpi=pmix: no OMPI_ variables
+    assert launch.launcher_rank() == 3
+    _only(monkeypatch, OMPI_COMM_WORLD_RANK="1", PMIX_RANK="1", SLURM_PROCID="0")  # mpirun in sbatch
+    assert launch.launcher_rank() == 1
+    _only(monkeypatch, RANK="5", SLURM_PROCID="1")  # srun torchrun: one Slurm task per node
+    assert launch.launcher_rank() == 5
+    _only(monkeypatch, SLURM_PROCID="2")  # srun of a plain script
+    assert launch.launcher_rank() == 2 and launch.launched()
+    _only(monkeypatch)
+    assert launch.launcher_rank() == 0 and not launch.launched()
+
+
+def test_the_stop_signal_ends_with_one_line_and_its_status(capsys, monkeypatch):
+    """--stop-signal USR2: a real SIGUSR2 ends main() as SIGTERM does, exit 128 + 12, one line;
+    afterwards every stop signal's handler is as it was."""
+    _only(monkeypatch, SLURM_PROCID="1")
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)}
+
+    def main(argv):
+        launch.stop_on("USR2")
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(5)  # the handler raises here, at once
+
+    t0 = time.monotonic()
+    assert launch.run_cli(main, argv=[]) == 128 + signal.SIGUSR2 and time.monotonic() - t0 < 4
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith(
+        ": interrupted (rank 1) by SIGUSR2; the last finished epoch is in the checkpoint"), err
+    assert {s: signal.getsignal(s) for s in before} == before
+    launch.stop_on(None)  # nothing to add
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_more_stop_signals_do_not_cut_a_stop_short(capsys, monkeypatch):
+    """Slurm signals every task and step, and torchrun's agent sends SIGTERM after a worker's
+    USR2: once a stop is under way, later stop signals change nothing."""
+    _only(monkeypatch)
+
+    def main(argv):
+        launch.stop_on("USR2")
+        try:
+            os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(5)
+        finally:  # the stop under way (a save's clean-up, say) while more signals arrive
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGUSR2)
+            time.sleep(0.2)
+
+    assert launch.run_cli(main, argv=[]) == 128 + signal.SIGUSR2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "interrupted by SIGUSR2" in err[0], err
