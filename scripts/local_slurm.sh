@@ -28,7 +28,8 @@
 # (GraceTime) Slurm ends and requeues the job; a batch script that ends before that must
 # requeue itself (scontrol requeue), or the job is over. MpiDefault is pmix.
 #
-# Settings (environment): LOCAL_SLURM_DIR (all state, default /tmp/cifar-slurm),
+# Settings (environment): LOCAL_SLURM_DIR (all state, default /tmp/cifar-slurm; munged needs
+# every folder above it open to all, so not inside a private temporary folder),
 # LOCAL_SLURM_NAME (prefix of namespace, node and link names, default slurm),
 # LOCAL_SLURM_NET (the nodes are NET.1 .. NET.N/24; default 169.254.78, and only
 # 169.254.x is allowed), LOCAL_SLURM_PORT (slurmctld's port; slurmd's is the next one;
@@ -98,6 +99,14 @@ install_packages() {
     done
 }
 
+check_reachable() {  # munged refuses a socket below a folder that not everyone can traverse
+    local p=$DIR
+    while p=$(dirname "$p") && [ "$p" != / ]; do
+        [ ! -d "$p" ] || (( 8#$(stat -c %a "$p") & 1 )) \
+            || die "LOCAL_SLURM_DIR '$DIR' is inside $p, which not everyone may enter (mode $(stat -c %a "$p")); munged's socket needs every folder above it open to all: choose another LOCAL_SLURM_DIR"
+    done
+}
+
 start_munged() {
     local m=$DIR/munge
     mkdir -p "$m"
@@ -106,12 +115,12 @@ start_munged() {
     (umask 077 && head -c 1024 /dev/urandom > "$m/munge.key")
     munged --socket "$m/munge.socket" --key-file "$m/munge.key" --pid-file "$m/munged.pid" \
         --log-file "$m/munged.log" --seed-file "$m/munged.seed" </dev/null >/dev/null 2>"$m/start.err" \
-        || die "munged did not start: $(tail -3 "$m/start.err" "$m/munged.log" 2>/dev/null)"
+        || die "munged did not start: $(tail -n 1 "$m/start.err" 2>/dev/null)"
     for _ in $(seq 50); do
         [ -s "$m/munged.pid" ] && [ -S "$m/munge.socket" ] && return
         sleep 0.1
     done
-    die "munged did not start: $(tail -3 "$m/munged.log" 2>/dev/null)"
+    die "munged did not start: $(tail -n 3 "$m/munged.log" 2>/dev/null)"
 }
 
 write_slurm_conf() {  # nodes, cpus per node
@@ -201,7 +210,7 @@ start_daemon() {  # node number, pid file, daemon and its arguments...
     nsenter --net="/run/netns/$ns" unshare --uts --mount --propagation slave sh -c \
         'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"' \
         sh "$ns" "$DIR/hosts" "$@" </dev/null >/dev/null 2>>"$DIR/$ns/start.err" \
-        || die "$1 did not start on $ns: $(tail -3 "$DIR/$ns/start.err" 2>/dev/null)"
+        || die "$1 did not start on $ns: $(tail -n 3 "$DIR/$ns/start.err" 2>/dev/null)"
     for _ in $(seq 100); do
         [ -s "$pidfile" ] && return
         sleep 0.1
@@ -216,7 +225,7 @@ wait_idle() {  # nodes
         [ "$states" = " $1 idle" ] && return
         sleep 0.1
     done
-    die "the nodes are not idle after 60 s (sinfo:$(on_node 1 sinfo -h -N -p low -o ' %N %t' 2>&1 | tr '\n' ' ')): $(tail -3 "$DIR/ctld/slurmctld.log" 2>/dev/null)"
+    die "the nodes are not idle after 60 s (sinfo:$(on_node 1 sinfo -h -N -p low -o ' %N %t' 2>&1 | tr '\n' ' ')): $(tail -n 3 "$DIR/ctld/slurmctld.log" 2>/dev/null)"
 }
 
 up() {
@@ -233,6 +242,7 @@ up() {
     local i ns
     need_root
     [ ! -e "$DIR/slurm.env" ] || die "a cluster is already up in $DIR; run '$0 down' first"
+    check_reachable
     install_packages
     mkdir -p "$DIR"
     # Written first, so that down finds everything even when up fails half-way.
