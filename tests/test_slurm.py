@@ -323,8 +323,12 @@ def stop_and_requeue(cluster, launcher, data_dir, tmp_path, stop, reached=(0, 1)
     # Without --lr: a resume continues the saved cosine (with --lr it would restart one).
     args = without_lr(flags("--stop-at", STOP_AT, epochs=UNTIL_ENDED))
     job = submit(cluster, launcher.sbatch, args, data_dir, ck, out)
-    ranks = wait_job(cluster, job, out, "both ranks started",
-                     lambda: (lambda p: p if len(p) == 2 else None)(trainer_ranks(launcher, str(ck))))
+
+    def both_ranks():
+        ranks = trainer_ranks(launcher, str(ck))
+        return ranks if len(ranks) == 2 else None
+
+    ranks = wait_job(cluster, job, out, "both ranks started", both_ranks)
     wait_job(cluster, job, out, "epoch 1 in metrics.csv", lambda: metrics_rows(ck), interval=0.02)
     pids = [ranks[r] for r in reached]
     with frozen(pids):
