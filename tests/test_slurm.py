@@ -1,0 +1,510 @@
+"""Under Slurm: the sbatch files of scripts/slurm/ on a real cluster made by scripts/local_slurm.sh.
+
+The cluster's two nodes are network namespaces, each with its own hostname, link-local
+address and slurmd, and a slurmctld and munged of their own; they share this machine's
+filesystem as an NFS home would. Jobs are submitted with sbatch, as a user would, and
+pre-empted by a real high-partition job or stopped with scancel. One cluster serves the
+module, under a name, folder and network of this test run's own; it is torn down at the
+end, also when a test or the set-up fails, and every job a test left is cancelled after it.
+
+Every rank runs one thread (OMP_NUM_THREADS=1), here and in the one-host reference, as in
+test_multihost.py: the nodes share this machine's cores, and the comparisons are bitwise.
+Without root (namespaces), the module is skipped.
+"""
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from typing import NamedTuple
+
+import pytest
+
+from helpers import (BIN, PY, ROOT, UNTIL_ENDED, assert_ok, assert_states_equal, common_args, env, is_gone,
+                     load_ckpt, load_ranks, metrics_rows, probe_cmd, read_metrics, run, run_horovod,
+                     trainer_pids, wait_until, without_lr)
+
+SCRIPT = os.path.join(ROOT, "scripts", "local_slurm.sh")
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+JOB_TIMEOUT = 300  # seconds for one job to start and train a few tiny epochs, on a busy machine
+EPOCHS = 3  # the schedule's length; the comparisons stop at epoch 2
+STOP_AT = 6  # where a stopped and requeued job ends by itself (see frozen() for why it is reached late)
+# Slurm's states of a job that is over (a requeued job is PENDING, then RUNNING again).
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+         "BOOT_FAIL", "DEADLINE"}
+
+
+class Cluster:
+    """scripts/local_slurm.sh under a name, folder and network of its own, so that it never
+    meets a cluster a user (or another test run) has up. The folder is right in /tmp: munged
+    refuses a socket below pytest's private (0700) temporary folders."""
+
+    def __init__(self, prefix="s"):
+        tag = os.getpid() % 100000
+        self.name = f"{prefix}{tag}"
+        self.folder = os.path.join(tempfile.gettempdir(), f"test-slurm-{self.name}")
+        self.env = {"LOCAL_SLURM_DIR": self.folder, "LOCAL_SLURM_NAME": self.name,
+                    "LOCAL_SLURM_NET": f"169.254.{100 + (tag + ord(prefix)) % 150}"}
+        self.vars = {}
+
+    def script(self, *args, timeout=120):
+        return subprocess.run(["bash", SCRIPT, *args], cwd=ROOT, env=env(self.env), capture_output=True,
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def up(self, n):
+        r = self.script("up", str(n), timeout=600)  # the first up may install Slurm
+        if r.returncode == 77:
+            pytest.skip(f"no cluster of network namespaces here: {r.stderr.strip()}")
+        assert r.returncode == 0, r.stderr[-3000:]
+        self.vars = dict(line.split("=", 1) for line in r.stdout.splitlines())
+        self.nodes = self.vars["LOCAL_SLURM_NODES"].split(",")
+
+    def cmd(self, node, *cmd):
+        """cmd run on node `node` (1, 2): launch it with env_extra=self.env."""
+        return ["bash", SCRIPT, "on", str(node), *map(str, cmd)]
+
+    def on(self, node, *cmd, env_extra=None, timeout=60):
+        return run(self.cmd(node, *cmd), timeout=timeout, env_extra=dict(self.env, **(env_extra or {})))
+
+    def sbatch(self, *args, env_extra=None):
+        """Submit from node 1 in the project folder, as a user would; returns the job id."""
+        r = assert_ok(self.on(1, "sbatch", "--parsable", *args, env_extra=env_extra))
+        return int(r.stdout.strip().split(";")[0])
+
+    def show(self, job):
+        """`scontrol show job` as {field: value}."""
+        r = assert_ok(self.on(1, "scontrol", "--oneliner", "show", "job", job))
+        return dict(re.findall(r"(\w+)=(\S*)", r.stdout))
+
+    def jobs(self):
+        return assert_ok(self.on(1, "squeue", "--noheader", "--format", "%i %T")).stdout.split("\n")[:-1]
+
+
+def cluster_pids(folder):
+    """{pid: command line} of live processes whose command line or environment names the
+    cluster's folder: its daemons (started with LOCAL_SLURM_DIR set) and whatever ran on its
+    nodes (SLURM_CONF)."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f, open(f"/proc/{pid}/environ", "rb") as g:
+                cmd, environ = f.read(), g.read()
+        except OSError:
+            continue
+        if folder.encode() in cmd + environ and not is_gone(int(pid)):
+            found[int(pid)] = cmd.replace(b"\0", b" ").decode(errors="replace").strip()
+    return found
+
+
+def assert_nothing_left(c):
+    """No namespace, link, process or file of cluster `c` is left."""
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    assert f"{c.name}-" not in namespaces and f"{c.name}-" not in links, (namespaces, links)
+    left = cluster_pids(c.folder)
+    assert not left, f"still running: {left}"
+    assert not os.path.exists(c.folder), os.listdir(c.folder)
+
+
+@pytest.fixture(scope="module")
+def cluster(request):
+    c = Cluster()
+    request.addfinalizer(lambda: _down(c))  # first: a failed `up` is torn down too
+    c.up(2)
+    return c
+
+
+def _down(c):
+    try:
+        r = c.script("down")
+        assert r.returncode == 0, r.stderr
+        assert_nothing_left(c)
+    finally:  # the test has failed already if anything is left in it
+        shutil.rmtree(c.folder, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def no_job_left(cluster):
+    """After each test, every job it submitted is over, whether it passed or not."""
+    yield
+    cluster.on(1, "scancel", "--user", "root")
+    # A cancelled job's processes get SIGTERM, then SIGKILL after KillWait (10 s).
+    wait_until(lambda: not cluster.jobs(), 90, "job queue empty after scancel", interval=0.5)
+
+
+@pytest.fixture(scope="module")
+def reference(data_dir, tmp_path_factory):
+    """The one-host np=2 run that the cluster's runs must equal, bit for bit."""
+    probe = tmp_path_factory.mktemp("ref-probe")
+    args = common_args(data_dir, probe / "ck", "--stop-at", 2, epochs=EPOCHS)
+    assert_ok(run_horovod(2, args, "gloo", probe=probe, env_extra=ONE_THREAD, timeout=JOB_TIMEOUT))
+    return load_ranks(probe, 2)[0]["model"]
+
+
+def flags(*extra, **kw):
+    """common_args less --data-dir and --checkpoint-dir, which the sbatch files pass from
+    DATA_DIR and CHECKPOINT_DIR."""
+    args = [str(a) for a in common_args("", "", *extra, **kw)]
+    for name in ("--data-dir", "--checkpoint-dir"):
+        i = args.index(name)
+        del args[i:i + 2]
+    return args
+
+
+def probe_trainer(name, out):
+    """A script for the sbatch files' TRAINER: tests/probes/<name>.py with OUT_DIR put before
+    the trainer's flags, so every rank also saves its final model and host to OUT_DIR."""
+    probe = probe_cmd(name)[1]
+    path = os.path.join(out, f"{name}_trainer.py")
+    with open(path, "w") as f:
+        f.write(f"import runpy, sys\nsys.argv[1:1] = [{str(out)!r}]\n"
+                f"runpy.run_path({probe!r}, run_name='__main__')\n")
+    return path
+
+
+def submit(cluster, sbatch_file, args, data_dir, ckpt_dir, out, **env_extra):
+    """sbatch scripts/slurm/<sbatch_file> in the low partition, its output in `out`."""
+    e = dict(ONE_THREAD, PYTHON=PY, TORCHRUN=os.path.join(BIN, "torchrun"), DATA_DIR=str(data_dir),
+             CHECKPOINT_DIR=str(ckpt_dir), **env_extra)
+    return cluster.sbatch("-p", cluster.vars["LOCAL_SLURM_LOW"], f"--output={out}",
+                          os.path.join("scripts", "slurm", sbatch_file), *args, env_extra=e)
+
+
+def read(path):
+    try:
+        with open(path) as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def wait_job(cluster, job, out, what, check, timeout=JOB_TIMEOUT, interval=0.2):
+    """Poll check() until it returns something true; fail the test after `timeout` seconds, or
+    as soon as Slurm has ended job `job` (looked at once a second) without it."""
+    deadline = time.monotonic() + timeout
+    next_look = 0
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() >= next_look:
+            next_look = time.monotonic() + 1
+            info = cluster.show(job)
+            if info.get("JobState") in ENDED:
+                got = check()
+                if got:
+                    return got
+                pytest.fail(f"job {job} ended ({info.get('JobState')}, exit {info.get('ExitCode')}) "
+                            f"before {what}:\n{read(out)[-4000:]}")
+        time.sleep(interval)
+    pytest.fail(f"no {what} after {timeout}s:\n{read(out)[-4000:]}")
+
+
+def wait_ended(cluster, job, out, restarts=0, timeout=JOB_TIMEOUT):
+    """The job's `scontrol show job` fields once it is over after `restarts` requeues."""
+    deadline, info = time.monotonic() + timeout, {}
+    while time.monotonic() < deadline:
+        info = cluster.show(job)
+        if info.get("JobState") in ENDED:
+            assert int(info["Restarts"]) == restarts, (info, read(out)[-4000:])
+            return info
+        time.sleep(0.5)
+    pytest.fail(f"job {job} still {info.get('JobState')} after {timeout}s:\n{read(out)[-4000:]}")
+
+
+def assert_two_hosts(ranks, cluster):
+    """Rank r ran on node r + 1, and Horovod saw two hosts of one rank each."""
+    assert [r["host"] for r in ranks] == cluster.nodes
+    assert [(r["size"], r["cross_size"], r["local_size"]) for r in ranks] == [(2, 2, 1)] * 2
+
+
+# ---------------------------------------------------------------------------
+# sbatch -N2: training across the nodes equals training on one host
+
+@pytest.mark.parametrize("sbatch_file", ["horovod_srun.sbatch", "horovod_mpirun.sbatch"])
+def test_sbatch_horovod_trains_across_nodes_bitwise(cluster, reference, data_dir, sbatch_file, tmp_path):
+    # horovod_srun: srun --mpi=pmix starts the ranks, which find each other through Slurm's
+    # PMIx. horovod_mpirun: mpirun reads the allocation (no hostfile, no -np) and starts its
+    # daemon on node 2 with srun. The srun run gets a fresh --data-dir: each node's local
+    # rank 0 (as PMIx tells it) prepares it, both at once, in one folder.
+    data = tmp_path / "data" if sbatch_file == "horovod_srun.sbatch" else data_dir
+    out = tmp_path / "job.out"
+    job = submit(cluster, sbatch_file, flags("--stop-at", 2, epochs=EPOCHS), data,
+                 tmp_path / "ck", out, TRAINER=probe_trainer("rank_horovod", tmp_path))
+    info = wait_ended(cluster, job, out)
+    text = read(out)
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), text[-4000:]
+    ranks = load_ranks(tmp_path, 2)
+    assert_two_hosts(ranks, cluster)
+    for r, rank in enumerate(ranks):
+        assert_states_equal(rank["model"], reference, f"rank {r} and the one-host run")
+    assert_states_equal(load_ckpt(tmp_path / "ck" / "ckpt.pth")["model"], reference, "the checkpoint")
+    assert [int(x["epoch"]) for x in read_metrics(tmp_path / "ck")] == [1, 2]
+    assert re.findall(r"^job (\d+) run (\d+) on ", text, re.M) == [(str(job), "1")], text[-4000:]
+
+
+def test_sbatch_srun_torchrun_ddp_across_nodes_equals_one_host(cluster, reference, data_dir, tmp_path):
+    # One torchrun per node, meeting at a c10d rendezvous on node 1. main_ddp.py at np=2 equals
+    # main_horovod.py at np=2 within 1e-6 (tests/test_main_ddp.py), so the Horovod reference
+    # serves here too.
+    out = tmp_path / "job.out"
+    job = submit(cluster, "ddp_torchrun.sbatch", flags("--stop-at", 2, epochs=EPOCHS),
+                 data_dir, tmp_path / "ck", out, TRAINER=probe_trainer("rank_ddp", tmp_path))
+    info = wait_ended(cluster, job, out)
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), read(out)[-4000:]
+    ranks = load_ranks(tmp_path, 2)
+    assert [(r["size"], r["local_size"]) for r in ranks] == [(2, 1)] * 2
+    assert sorted(r["host"] for r in ranks) == cluster.nodes  # the rendezvous orders the nodes
+    for r, rank in enumerate(ranks):
+        assert_states_equal(rank["model"], reference, f"rank {r} and the one-host run", atol_scale=1e-6)
+    assert [int(x["epoch"]) for x in read_metrics(tmp_path / "ck")] == [1, 2]
+
+
+# ---------------------------------------------------------------------------
+# Pre-emption and the user's stop signal: every rank stops, the job requeues, resumes
+
+class Launcher(NamedTuple):
+    sbatch: str  # in scripts/slurm/
+    trainer: str
+    rank_var: str  # the rank in the trainer processes' environment, absent from the launcher's own
+
+
+LAUNCHERS = {"srun": Launcher("horovod_srun.sbatch", "main_horovod.py", "PMIX_RANK"),
+             "mpirun": Launcher("horovod_mpirun.sbatch", "main_horovod.py", "OMPI_COMM_WORLD_RANK"),
+             "torchrun": Launcher("ddp_torchrun.sbatch", "main_ddp.py", "RANK")}
+
+
+def trainer_ranks(launcher, marker):
+    """{rank: pid} of the job's trainer processes (their command line holds `marker`)."""
+    return {int(e[launcher.rank_var]): pid for pid, e in trainer_pids(launcher.trainer, marker).items()
+            if launcher.rank_var in e}
+
+
+@contextlib.contextmanager
+def frozen(pids):
+    """The processes stopped (SIGSTOP) for the block, and continued after it whatever happens.
+
+    A tiny epoch takes well under a second, and Slurm's signal comes some time after the test
+    asks for it: with a rank frozen, no rank gets past its next allreduce, so the job cannot
+    reach --stop-at and end by itself in between, however fast or slow the machine. A signal
+    sent to a stopped process waits for it (on pre-emption Slurm sends SIGCONT, then SIGTERM),
+    so the ranks still get what they were sent."""
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def signalled(pid, signum):
+    """Whether the stopped process `pid` has `signum` pending, or was continued (by Slurm, which
+    sends SIGCONT right before SIGTERM), or has ended."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+    except OSError:
+        return True
+    pending = int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)
+    return not fields["State"].strip().startswith("T") or bool(pending >> (signum - 1) & 1)
+
+
+def stop_and_requeue(cluster, launcher, data_dir, tmp_path, stop, reached=(0, 1)):
+    """A job of `launcher`'s sbatch file in the low partition, stopped by `stop(job)` (which
+    returns the signal it has Slurm send) once an epoch is in metrics.csv, then left to requeue
+    and end by itself at --stop-at; `reached` are the ranks the signal reaches first-hand.
+    Returns the job and its output, once it is over."""
+    ck, out = tmp_path / "ck", tmp_path / "job.out"
+    # Without --lr: a resume continues the saved cosine (with --lr it would restart one).
+    args = without_lr(flags("--stop-at", STOP_AT, epochs=UNTIL_ENDED))
+    job = submit(cluster, launcher.sbatch, args, data_dir, ck, out)
+
+    def both_ranks():
+        ranks = trainer_ranks(launcher, str(ck))
+        return ranks if len(ranks) == 2 else None
+
+    ranks = wait_job(cluster, job, out, "both ranks started", both_ranks)
+    wait_job(cluster, job, out, "epoch 1 in metrics.csv", lambda: metrics_rows(ck), interval=0.02)
+    pids = [ranks[r] for r in reached]
+    with frozen(pids):
+        t_asked = time.monotonic()
+        signum = stop(job)
+        wait_until(lambda: all(signalled(pid, signum) for pid in pids), 60,
+                   f"{signal.Signals(signum).name} sent to ranks {reached}")
+    t_signal = time.monotonic()
+    wait_job(cluster, job, out, "the requeued run", lambda: f"job {job} run 2 on " in read(out))
+    t_started = time.monotonic()
+    wait_job(cluster, job, out, "the requeued run's first epoch",
+             lambda: re.search(rf"^job {job} run 2 on .*?^epoch \d+/", read(out), re.M | re.S))
+    t_epoch = time.monotonic()
+    print(f"{launcher.sbatch}, {signal.Signals(signum).name}: the requeued run started {t_started - t_signal:.1f} s "
+          f"after the signal and finished its first epoch {t_epoch - t_signal:.1f} s after it "
+          f"({t_epoch - t_asked:.1f} s after the request)")
+    info = wait_ended(cluster, job, out, restarts=1)
+    text = read(out)
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), text[-4000:]
+    assert_resumed_once(job, text, ck)
+    return job, text
+
+
+def assert_resumed_once(job, text, ck):
+    """Two runs, the second resumed where the first stopped: every epoch once, none lost."""
+    # The second run saw SLURM_RESTART_COUNT=1 (the sbatch file says run 2).
+    assert re.findall(r"^job (\d+) run (\d+) on ", text, re.M) == [(str(job), "1"), (str(job), "2")], text
+    first, second = text.split(f"job {job} run 2 on ")
+    assert len(re.findall(r"^job \d+ stopped with status \d+ at .*: requeueing$", first, re.M)) == 1, first
+    # The second run resumed after the first run's last epoch, on the saved schedule, and
+    # trained on from there.
+    done = [int(e) for e in re.findall(r"^epoch (\d+)/", first, re.M)]
+    assert done == list(range(1, len(done) + 1)) and 1 <= len(done) < STOP_AT, first
+    resumed = [ln for ln in second.splitlines() if ln.startswith("resuming ")]
+    assert len(resumed) == 1 and resumed[0].startswith(f"resuming {ck / 'ckpt.pth'} after epoch {len(done)},") \
+        and "the saved cosine" in resumed[0], second
+    assert [int(e) for e in re.findall(r"^epoch (\d+)/", second, re.M)] == \
+        list(range(len(done) + 1, STOP_AT + 1)), second
+    assert [int(r["epoch"]) for r in read_metrics(ck)] == list(range(1, STOP_AT + 1))
+    saved = load_ckpt(ck / "ckpt.pth")
+    assert saved["epoch"] == STOP_AT and [r["epoch"] for r in saved["history"]] == list(range(1, STOP_AT + 1))
+
+
+def stopped_lines(text):
+    """The lines in which trainer processes said why they ended."""
+    return sorted(ln for ln in text.splitlines() if re.match(r"main\w*\.py: (interrupted|error)", ln))
+
+
+def interrupted(trainer, name):
+    return [f"{trainer}: interrupted (rank {r}) by {name}; the last finished epoch is in the checkpoint"
+            for r in (0, 1)]
+
+
+def status_line(text):
+    return re.findall(r"^job \d+ stopped with status (\d+) at .*: requeueing$", text, re.M)
+
+
+@pytest.mark.parametrize("name", ["srun", "mpirun", "torchrun"])
+def test_preemption_stops_the_job_requeues_and_resumes(cluster, data_dir, tmp_path, name):
+    launcher, high = LAUNCHERS[name], {}
+
+    def preempt(job):
+        # An exclusive job in the high partition needs both nodes, so Slurm pre-empts the low
+        # job: SIGCONT and SIGTERM to every process of its steps.
+        high["job"] = cluster.sbatch("-p", cluster.vars["LOCAL_SLURM_HIGH"], "--exclusive", "-N2",
+                                     f"--output={tmp_path / 'high.out'}", "--wrap", "sleep 1")
+        return signal.SIGTERM
+
+    # Under mpirun the job's only step is mpirun's daemon on node 2, with rank 1; rank 0 runs in
+    # the batch step, which pre-emption does not signal.
+    _, text = stop_and_requeue(cluster, launcher, data_dir, tmp_path, preempt,
+                               reached=(1,) if name == "mpirun" else (0, 1))
+    assert cluster.show(high["job"])["JobState"] == "COMPLETED"
+    if name == "srun":  # each rank stopped cleanly, and srun returned their status, 128 + 15
+        assert stopped_lines(text) == interrupted(launcher.trainer, "SIGTERM"), text
+        assert status_line(text) == ["143"]
+    elif name == "torchrun":
+        # Each rank stopped cleanly (torchrun's agent passes the SIGTERM on too; the rank
+        # ignores it once stopping). The agent itself ends with status 1 (and a traceback), so
+        # the sbatch file requeues the job because Slurm set its PreemptTime.
+        assert stopped_lines(text) == interrupted(launcher.trainer, "SIGTERM"), text
+        assert status_line(text) == ["1"]
+    else:
+        # The SIGTERM reaches mpirun's daemon on node 2 and rank 1 under it. Rank 1 stops
+        # cleanly and says so, but its output goes through that daemon, which the SIGTERM
+        # ended: the line is lost. mpirun reports the lost daemon (status 205) and ends rank 0,
+        # which, when it gets there first, says it found its peer gone (no error of rank 1's
+        # is above, whatever the line says). The last finished epoch was saved when it ended,
+        # and the sbatch file requeues the job because Slurm set its PreemptTime.
+        assert stopped_lines(text) in ([], ["main_horovod.py: error (rank 0): stopping because another "
+                                            "rank failed or exited (its error is above)"]), text
+        assert "ORTE has lost communication with a remote daemon" in text
+        assert status_line(text) == ["205"]
+
+
+@pytest.mark.parametrize("name", ["srun", "torchrun"])
+def test_user_signal_stops_every_rank_requeues_and_resumes(cluster, data_dir, tmp_path, name):
+    launcher = LAUNCHERS[name]
+
+    def usr2(job):
+        # The sbatch file's stop signal, to its shell (-b), which passes it to srun and so to
+        # every rank; as with --signal=B:USR2@120 before a time limit.
+        assert_ok(cluster.on(1, "scancel", "--batch", "--signal", "USR2", job))
+        return signal.SIGUSR2
+
+    _, text = stop_and_requeue(cluster, launcher, data_dir, tmp_path, usr2)
+    # One line per rank, naming the signal once: under torchrun each rank gets USR2 twice,
+    # from Slurm (srun signals every process of its step) and from torchrun's agent.
+    assert stopped_lines(text) == interrupted(launcher.trainer, "SIGUSR2"), text
+    # srun returns the ranks' status, 128 + 12; torchrun's agent ends with 1 (the shell's trap
+    # saw the signal, so the job is requeued all the same).
+    assert status_line(text) == ["140" if name == "srun" else "1"]
+
+
+# ---------------------------------------------------------------------------
+# One checkpoint folder, two runs on two nodes
+
+def test_two_runs_on_two_nodes_one_folder_one_is_refused(cluster, data_dir, tmp_path, jobs):
+    # Both with a schedule that cannot end before the test ends them: only the folder's lock
+    # keeps them apart.
+    ck = tmp_path / "ck"
+    runs = {node: jobs(cluster.cmd(node, PY, "main.py", *common_args(data_dir, ck, epochs=UNTIL_ENDED)),
+                       env_extra=dict(cluster.env, **ONE_THREAD)) for node in (1, 2)}
+    ended = wait_until(lambda: [n for n, j in runs.items() if j.proc.poll() is not None], JOB_TIMEOUT,
+                       "one of the two runs refused")
+    assert len(ended) == 1, [j.output() for j in runs.values()]
+    refused, holder = ended[0], 3 - ended[0]
+    out = runs[refused].output()
+    assert runs[refused].proc.returncode == 1 and "Traceback" not in out, out
+    assert [ln for ln in out.splitlines() if "error" in ln.lower()] == [
+        f"main.py: error: --checkpoint-dir {ck} is in use by another run (host {cluster.nodes[holder - 1]}, "
+        f"process {runs[holder].proc.pid}); wait for it to end, or choose another --checkpoint-dir"], out
+    # The other trains on alone; SIGTERM after an epoch leaves its files whole and consistent.
+    wait_until(lambda: metrics_rows(ck), JOB_TIMEOUT, "epoch 1 in metrics.csv", runs[holder])
+    runs[holder].signal(signal.SIGTERM)
+    assert runs[holder].wait(timeout=120) == 128 + signal.SIGTERM
+    said = [ln for ln in runs[holder].output().splitlines() if "interrupted" in ln]
+    assert said == ["main.py: interrupted by SIGTERM; the last finished epoch is in the checkpoint"]
+    saved, rows = load_ckpt(ck / "ckpt.pth"), read_metrics(ck)
+    # metrics.csv is written after the checkpoint that holds its rows: a SIGTERM in between
+    # leaves it one epoch behind, which a resume rewrites from the checkpoint.
+    assert rows and saved["epoch"] - len(rows) in (0, 1), (saved["epoch"], len(rows))
+    assert [r["epoch"] for r in saved["history"]] == list(range(1, saved["epoch"] + 1))
+    for row, kept in zip(rows, saved["history"]):
+        assert {k: float(v) for k, v in row.items()} == {k: float(kept[k]) for k in row}, (row, kept)
+    assert saved["args"]["checkpoint_dir"] == str(ck)
+    assert not [f for f in os.listdir(ck) if f.endswith(".tmp")], "a temporary file was left"
+
+
+# ---------------------------------------------------------------------------
+# The cluster script cleans up after itself
+
+def test_down_ends_running_jobs_and_leaves_nothing(tmp_path):
+    # What a test that fails with a job running leaves to the module's teardown.
+    c = Cluster(prefix="d")
+    try:
+        c.up(2)
+        job = c.sbatch("-N2", f"--output={tmp_path / 'job.out'}", "--wrap", "srun sleep 600")
+        programs = lambda: [os.path.basename(cmd.partition(" ")[0]) for cmd in cluster_pids(c.folder).values()]  # noqa: E731
+        wait_until(lambda: programs().count("sleep") == 2, 60, f"job {job}'s sleep on both nodes")
+        _down(c)
+        assert c.script("down").returncode == 0  # again: nothing to do, no error
+    finally:
+        _down(c)
+
+
+def test_down_removes_everything_also_after_a_failed_up(tmp_path):
+    c = Cluster(prefix="u")
+    subprocess.run(["ip", "netns", "add", f"{c.name}-n2"], check=True)  # in node 2's way: up fails there
+    try:
+        r = c.script("up", "2")
+        if r.returncode == 77:
+            pytest.skip(f"no cluster of network namespaces here: {r.stderr.strip()}")
+        assert r.returncode != 0 and "up failed; removing what it made" in r.stderr, r.stderr
+        assert_nothing_left(c)
+        assert c.script("down").returncode == 0
+    finally:
+        _down(c)
+        subprocess.run(["ip", "netns", "del", f"{c.name}-n2"], capture_output=True)
