@@ -171,21 +171,24 @@ def restore(args, model, optimizer, reports=True):
         for g, kept in zip(optimizer.param_groups, impl):
             g.update(kept)
         start["optimizer_state"] = True
-    if args.lr is not None:
-        # --resume --lr X: a new cosine from X over the epochs that are left.
+    # --resume --lr X: a new cosine from X over the epochs that are left. Under --auto-resume the
+    # same command starts the job and every restart, so --lr is the fresh start's and a restart
+    # continues the saved schedule, wherever it was stopped.
+    restarted = args.lr is not None and not args.auto_resume
+    if restarted:
         start["schedule"] = {"base_lr": args.lr, "start_epoch": ckpt["epoch"]}
     if reports:  # one process says what it resumed
-        print(resume_line(path, start, args, ckpt.get("imported", False)), flush=True)
+        print(resume_line(path, start, args, restarted, ckpt.get("imported", False)), flush=True)
     return start
 
 
-def resume_line(path, start, args, imported=False):
+def resume_line(path, start, args, restarted, imported=False):
     """One line naming what --resume continues: the file, its epoch and best accuracy,
     and whether the saved cosine goes on or --lr restarted it, over how many epochs."""
     done, sched = start["epoch"], start["schedule"]
     left = args.epochs - done
     span = f"epoch {args.epochs}" if left == 1 else f"the {left} epochs {done + 1}-{args.epochs}"
-    if args.lr is not None:
+    if restarted:
         lr = f"--lr {args.lr:g} restarts the cosine over {span}"
     else:
         lr = (f"the saved cosine (lr {sched['base_lr']:g} from epoch {sched['start_epoch']}) "

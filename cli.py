@@ -67,7 +67,8 @@ def build_parser(doc):
     a("-r", "--resume", action="store_true", help="continue from the checkpoint")
     a("--auto-resume", action="store_true",
       help="continue from CHECKPOINT_DIR/ckpt.pth when it exists, else start fresh: one command "
-           "for a job's first run and its restarts (a requeued Slurm job)")
+           "for a job's first run and its restarts (a requeued Slurm job); --lr is then the fresh "
+           "start's, and a restart continues the saved schedule")
     a("--overwrite", action="store_true",
       help="start fresh even though CHECKPOINT_DIR holds a checkpoint (replaced at the first save)")
     a("--evaluate", action="store_true", help="evaluate the checkpoint on the test set and exit")
@@ -119,6 +120,9 @@ def add_horovod_args(p):
                    help="compress gradients to float16 for the allreduce")
     g.add_argument("--use-adasum", action="store_true",
                    help="combine gradients with Adasum instead of averaging")
+    g.add_argument("--allreduce-groups", type=int, default=None, metavar="N",
+                   help="allreduce the gradients in N grouped requests per step instead of one per "
+                        "tensor (DistributedOptimizer's groups; default: one per tensor)")
     return p
 
 
@@ -153,6 +157,8 @@ def parse_args(parser, argv=None):
                          f"(got {args.target_acc})")
     if args.lr is not None and not (args.lr > 0 and math.isfinite(args.lr)):
         raise UsageError(f"--lr must be a positive number (got {args.lr})")
+    if port.get("allreduce_groups") is not None and port["allreduce_groups"] <= 0:
+        raise UsageError(f"--allreduce-groups must be positive (got {port['allreduce_groups']})")
     if args.workers < 0 or args.profile_steps < 0 or port.get("warmup_epochs", 0) < 0:
         raise UsageError("--workers, --profile-steps and --warmup-epochs must not be negative")
     data.check_synthetic_size(args.synthetic_size)

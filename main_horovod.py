@@ -85,7 +85,7 @@ def main(argv=None):
 
 def distributed_optimizer(args, model, optimizer):  # Horovod: allreduce gradients in backward
     return hvd.DistributedOptimizer(
-        optimizer, named_parameters=model.named_parameters(),
+        optimizer, named_parameters=model.named_parameters(), groups=args.allreduce_groups,
         compression=layout.GradLayout(  # channels_last gradients go as contiguous views
             hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none),
         backward_passes_per_step=args.batches_per_allreduce,  # k backward passes per allreduce

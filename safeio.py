@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import os
 import tempfile
+import time
 
 from errors import TrainerError
 
@@ -117,7 +118,13 @@ def hold(path, owner, hint="fix the folder's permissions"):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         with os.fdopen(fd, "rb") as f:
-            return f.read().decode(errors="replace").strip()
+            for _ in range(20):  # the holder writes its name just after taking the lock
+                owner = f.read().decode(errors="replace").strip()
+                if owner:
+                    break
+                time.sleep(0.05)
+                f.seek(0)
+            return owner
     os.ftruncate(fd, 0)
     os.pwrite(fd, owner.encode() + b"\n", 0)
     _held[path] = fd

@@ -11,6 +11,8 @@ with this interface:
     FULL, QUICK    its own settings, for a full run and for --quick
     run(cfg, ctx)  -> {"value", "repeats", ...}, or {"value": None, "skipped": why};
                    ctx is a Context (device, scratch folder, shared set-up)
+    AGREE          optional: the largest spread of the repeats, (max - min) / median, for
+                   them to agree; a figure whose repeats spread wider is inconclusive
     markdown(fig)  -> the lines of its RESULTS.md section, below the heading the harness writes
     plot(fig, path)   optional: draws fig["plot"] (a file name) beside RESULTS.md
 """
@@ -81,9 +83,15 @@ def goal_text(goal):
     return f"{goal[0]} {goal[1]:g}"
 
 
+def spread(repeats):
+    """(max - min) / median of the repeats: how far apart they are, as a fraction."""
+    return (max(repeats) - min(repeats)) / median(repeats) if repeats and median(repeats) else None
+
+
 def judge(res, figures):
-    """Each figure against its goal, and whether its repeats agree about that; figures
-    left out get a "skipped" entry; all of them in the registry's order."""
+    """Each figure against its goal, and whether its repeats agree: all on the same side of
+    the goal and, for a figure with AGREE, within that spread. Figures left out get a
+    "skipped" entry; all of them in the registry's order."""
     figs = res["figures"]
     for mod in figures:
         f = figs.setdefault(mod.NAME, {"value": None, "skipped": "not run (--only)"})
@@ -91,15 +99,19 @@ def judge(res, figures):
         f["met"] = goal_met(mod.GOAL, f["value"])
         per_repeat = [goal_met(mod.GOAL, r) for r in f.get("repeats", [])]
         f["repeats_agree"] = bool(per_repeat) and all(m == f["met"] for m in per_repeat)
+        if getattr(mod, "AGREE", None) is not None and per_repeat:
+            f["spread"] = spread(f["repeats"])
+            f["repeats_agree"] = f["repeats_agree"] and f["spread"] <= mod.AGREE
     res["figures"] = {mod.NAME: figs[mod.NAME] for mod in figures}
     return res
 
 
 def verdict(f):
-    """The summary table's "met" cell: inconclusive where the repeats fall on both sides of the goal."""
+    """The summary table's "met" cell: inconclusive where the repeats do not agree (judge)."""
     text = {True: "yes", False: "**no**", None: "n/a"}[f.get("met")]
     if f.get("met") is not None and not f.get("repeats_agree"):
-        text += " (repeats disagree: inconclusive)"
+        text += (f" (repeats spread {100 * f['spread']:.0f}%: inconclusive)" if f.get("spread") is not None
+                 else " (repeats disagree: inconclusive)")
     return text
 
 
@@ -247,7 +259,8 @@ def notes(res):
            f"on {m['cpus_usable']} usable cores."]
     split = [name for name, f in res["figures"].items() if f["met"] is not None and not f["repeats_agree"]]
     if split:
-        out.append("Repeats on both sides of the goal (inconclusive): " + ", ".join(split) + ".")
+        out.append("Repeats on both sides of the goal, or spread wider than the figure allows "
+                   "(inconclusive): " + ", ".join(split) + ".")
     return out
 
 

@@ -41,7 +41,8 @@ Side A and side B of a figure alternate (ABBA...), so slow drift of a shared,
 noisy machine falls on both. The headline of a figure is the median of the
 per-repeat ratios (each ratio from two adjacent measurements); the ratio of the
 two sides' medians is recorded beside it, and a figure whose repeats fall on
-both sides of its goal is marked inconclusive.
+both sides of its goal is marked inconclusive, as is one with AGREE whose repeats spread
+wider than that ((max - min) / median).
 
 On the CPU two variants are recorded beside the headlines: the DeviceLoader also
 on the trainer's thread count (the headline uses 1 thread, the smaller share

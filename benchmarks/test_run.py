@@ -61,6 +61,15 @@ def test_repeats_on_both_sides_of_the_goal_are_inconclusive():
     assert harness.verdict(figs["fake_time"]) == "**no**"
 
 
+def test_a_figure_with_agree_is_inconclusive_when_its_repeats_spread_wider():
+    tight = types.SimpleNamespace(NAME="tight", GOAL=(">=", 0.9), DESCRIPTION="", markdown=None, AGREE=0.05)
+    figs = judged([tight], tight={"value": 1.0, "repeats": [0.98, 1.0, 1.02]})
+    assert figs["tight"]["repeats_agree"] and figs["tight"]["spread"] == pytest.approx(0.04)
+    figs = judged([tight], tight={"value": 1.0, "repeats": [0.95, 1.0, 1.05]})
+    assert not figs["tight"]["repeats_agree"] and figs["tight"]["met"] is True
+    assert harness.verdict(figs["tight"]) == "yes (repeats spread 10%: inconclusive)"
+
+
 def test_figures_not_run_are_skipped_in_registry_order():
     figs = judged([FIGURE, OTHER], fake_time={"value": 1.0, "repeats": [1.0]})
     assert list(figs) == ["fake_ratio", "fake_time"]
@@ -82,7 +91,8 @@ def test_markdown_has_summary_sections_and_factual_notes(tmp_path):
     assert "| `fake_ratio` — a fake figure | 0.9 | >= 1 | **no** (repeats disagree: inconclusive) |" in md
     assert "## fake_ratio\n\nfake section, value 0.9\n" in md
     assert "## fake_time\n\nSkipped: not run (--only).\n" in md
-    assert "- Repeats on both sides of the goal (inconclusive): fake_ratio." in md
+    assert "- Repeats on both sides of the goal, or spread wider than the figure allows (inconclusive): " \
+        "fake_ratio." in md
     assert harness.sides_table(res["figures"]["fake_ratio"]["sides"], "images_per_s", "images/s", ".0f") == \
         ["| side | images/s per repeat | median |", "|---|---|---|", "| a | 1, 2 | 2 |", ""]
 

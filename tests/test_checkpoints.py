@@ -128,3 +128,14 @@ def test_save_writes_last_and_best_on_the_reporting_rank_only(saved, tmp_path):
     checkpoints.save(args, dict(state, epoch=4), is_best=True, reports=True)
     assert sorted(os.listdir(tmp_path / "run")) == sorted([checkpoints.LAST, checkpoints.BEST])
     assert torch.load(tmp_path / "run" / checkpoints.BEST, weights_only=True)["epoch"] == 4
+
+
+def test_auto_resume_continues_the_saved_schedule_whatever_lr_says(saved):
+    # The same command starts a job and every restart: --lr is the fresh start's, and a restart
+    # must not begin a new cosine at whatever epoch it was stopped.
+    folder, _ = saved
+    args = _args("--checkpoint-dir", str(folder), "--epochs", "4", "--auto-resume", "--lr", "0.3")
+    start = checkpoints.restore(args, *_fresh(args), reports=False)
+    assert start["epoch"] == 2 and start["schedule"] == {"base_lr": 0.05, "start_epoch": 0}
+    fresh = _args("--checkpoint-dir", str(folder / "empty"), "--epochs", "4", "--auto-resume", "--lr", "0.3")
+    assert checkpoints.restore(fresh, *_fresh(fresh))["schedule"] == {"base_lr": 0.3, "start_epoch": 0}
