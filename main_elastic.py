@@ -154,13 +154,16 @@ class World:
     def __init__(self, args, device):
         self.args, self.device = args, device
         self.cores = devices.starting_cores()  # shared anew among each world's local ranks
+        # Horovod's threads of the first world get the cores' spare time, as in main_horovod.py;
+        # a reset starts new ones, which run at normal priority.
+        self.spare = devices.other_threads()
         self.sets = None  # (train, test) arrays, set once loaded
         self.port = self.loaders = self.log = None
         self.size = None  # the size of the last world that trained
         self.first_epoch = None  # the first epoch this process trains, profiled once
 
     def reset(self):
-        devices.share_cores(self.device, hvd.local_rank(), hvd.local_size(), self.cores)
+        devices.share_cores(self.device, hvd.local_rank(), hvd.local_size(), self.spare, self.cores)
         # main_horovod.py's port, of this world (Adasum cannot arise: cli refuses it here)
         k = self.args.batches_per_allreduce
         self.port = utils.Port(hvd.rank(), hvd.size(), lambda t: hvd.allreduce(t, op=hvd.Sum),

@@ -28,8 +28,8 @@ def main(argv=None):
     args = cli.parse_args(cli.add_horovod_args(cli.build_parser(__doc__)), argv)  # Horovod: flags
     launch.stop_on(args.stop_signal)  # a scheduler's warning signal, as SIGTERM
     hvd.init()  # Horovod: join the job; rank and size are plain values from here on
-    device = devices.pick_device(hvd.local_rank(), hvd.local_size())  # one GPU per process,
-    devices.share_cores(device, hvd.local_rank(), hvd.local_size())  # or a share of the cores
+    device = devices.pick_device(hvd.local_rank(), hvd.local_size())  # one GPU per process, or a
+    devices.share_cores(device, hvd.local_rank(), hvd.local_size(), spare=devices.other_threads())
     cli.check_adasum(args, hvd.size(), hvd.mpi_enabled())  # Horovod: Adasum's own limits
     local = hvd.local_size() if device.type == "cuda" and hvd.nccl_built() else 1  # NCCL's mean
     port = utils.Port(hvd.rank(), hvd.size(), lambda t: hvd.allreduce(t, op=hvd.Sum),  # metrics,

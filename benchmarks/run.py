@@ -26,6 +26,11 @@ Figures (each the median over interleaved repeats; every repeat is recorded):
                           --nproc_per_node 2, same work (MobileNet; LeNet
                           beside), and the allreduce per step of both     goal >= 0.95
                           (fig_ddp.py)
+  horovod_idle_threads_gain  Horovod np=2 images/s with its threads in the
+                          cores' spare time over normal priority (MobileNet;
+                          LeNet beside), and the other levers on its per-step
+                          cost against the defaults, DDP beside them      goal >= 1.05
+                          (fig_levers.py)
   layout_design_cost      step time of channels_last weights with
                           layout.GradLayout over contiguous weights with
                           channels_last input, gradient hooks on           goal <= 1.02
@@ -67,6 +72,7 @@ from benchmarks import (
     fig_ddp,
     fig_ddp_scaling,
     fig_layout,
+    fig_levers,
     fig_loader,
     fig_overhead,
     fig_scaling,
@@ -75,7 +81,7 @@ from benchmarks import (
 
 # The registry: every figure, in the order they run and are reported. A new figure
 # is a fig_*.py module with harness.py's interface, and one entry here.
-FIGURES = [fig_loader, fig_overhead, fig_scaling, fig_ddp_scaling, fig_ddp, fig_layout, fig_accuracy]
+FIGURES = [fig_loader, fig_overhead, fig_scaling, fig_ddp_scaling, fig_ddp, fig_levers, fig_layout, fig_accuracy]
 
 
 def short_name(mod):

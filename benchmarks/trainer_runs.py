@@ -94,7 +94,8 @@ class TrainerRuns:
                 "--batch-size", str(c["train_batch"]), "--lr", "0.05", "--checkpoint-dir", ckpt]
 
     def run(self, kind, pin=None, env_extra=None, flags=()):
-        """kind: main | hvd | hvd2 | hvd2-mpi | ddp | ddp2. pin: CPUs the process is confined to (as
+        """kind: main | hvd | hvd2 | hvd2-mpi | hvd-normal | hvd2-normal | ddp | ddp2 (-normal:
+        benchmarks.normal_priority, Horovod's threads at normal priority). pin: CPUs the process is confined to (as
         taskset -c). env_extra: more environment (Horovod's knobs); flags: more trainer flags.
         Safe to call from two threads at once (see fig_scaling's ceiling)."""
         with self.lock:
@@ -118,10 +119,11 @@ class TrainerRuns:
     def command(self, kind, ckpt, pin=None, flags=()):
         """The command line of a run of `kind` writing to `ckpt` (see run)."""
         script = {"main": "main.py", "ddp": "main_ddp.py", "ddp2": "main_ddp.py"}.get(kind, "main_horovod.py")
+        entry = ["-m", "benchmarks.normal_priority"] if kind.endswith("-normal") else [script]
         # main.py has no --warmup-epochs (it belongs to the ports); at np=1 the
         # warm-up is a no-op anyway (LR scale 1), and it is 0 for np=2 here too.
         extra = [] if kind == "main" else ["--warmup-epochs", "0"]
-        cmd = [sys.executable, script, *self.flags(ckpt), *extra, *flags]
+        cmd = [sys.executable, *entry, *self.flags(ckpt), *extra, *flags]
         if kind.startswith("hvd2"):
             controller = "--mpi" if kind == "hvd2-mpi" else "--gloo"
             cmd = [os.path.join(self.bin, "horovodrun"), "-np", "2", controller, *cmd]

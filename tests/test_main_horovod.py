@@ -185,3 +185,20 @@ def test_evaluation_with_more_ranks_than_test_images_is_exact(data_dir, tmp_path
     assert float(row["test_acc"]) in (0.0, 1.0) and row["world_size"] == "3"
     r = assert_ok(run_horovod(3, args + ["--evaluate"]))
     assert parse_eval(last_line(r.stdout))[2] == 1
+
+
+def test_horovods_threads_get_the_cores_spare_time(data_dir, tmp_path):
+    # np=1 on 2 cores: the rank computes with 2 torch threads (main and a pool worker), which
+    # keep the normal policy; the threads hvd.init() started run only in the time left over.
+    import os
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 usable cores for a torch thread pool beside the main thread")
+    assert_ok(run_horovod(1, common_args(data_dir, tmp_path / "ck", epochs=1), probe=tmp_path,
+                          env_extra={"HOROVOD_ELASTIC": "1"}))
+    rank = load_ranks(tmp_path, 1)[0]
+    policies = rank["policies"]
+    assert rank["torch_threads"] == 2 and policies[rank["main_thread"]] == os.SCHED_OTHER
+    idle = [t for t, p in policies.items() if p == os.SCHED_IDLE]
+    normal = [t for t, p in policies.items() if p == os.SCHED_OTHER]
+    assert idle, policies  # Horovod's background thread at least
+    assert len(normal) >= rank["torch_threads"], policies  # the compute threads are not among them

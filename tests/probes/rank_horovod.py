@@ -3,12 +3,14 @@
     horovodrun -np 2 python tests/probes/rank_horovod.py OUT_DIR [main_horovod.py flags]
 
 Each rank writes OUT_DIR/rank<r>.pt with its model state and metric history,
-and where it ran (its host's name, Horovod's sizes), so tests can compare ranks
-with each other, which the trainer (rank 0 saves) cannot show.
+where it ran (its host's name, Horovod's sizes), and its threads' scheduling
+policies, so tests can compare ranks with each other, which the trainer (rank 0
+saves) cannot show.
 """
 import os
 import socket
 import sys
+import threading
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
@@ -20,6 +22,14 @@ import main_horovod  # noqa: E402
 if __name__ == "__main__":
     out, argv = sys.argv[1], sys.argv[2:]
     model, result = main_horovod.main(argv)
+    policies = {}  # thread id -> scheduling policy (os.SCHED_OTHER, os.SCHED_IDLE, ...)
+    for tid in map(int, os.listdir("/proc/self/task")):
+        try:
+            policies[tid] = os.sched_getscheduler(tid)
+        except OSError:  # a thread that has just ended
+            pass
     torch.save({"model": model.state_dict(), "result": result, "size": hvd.size(),
                 "local_size": hvd.local_size(), "cross_size": hvd.cross_size(),
-                "host": socket.gethostname()}, os.path.join(out, f"rank{hvd.rank()}.pt"))
+                "host": socket.gethostname(), "main_thread": threading.get_native_id(),
+                "policies": policies, "torch_threads": torch.get_num_threads()},
+               os.path.join(out, f"rank{hvd.rank()}.pt"))
