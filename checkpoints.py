@@ -130,13 +130,16 @@ def fresh_start(args):
 
 
 def restore(args, model, optimizer, reports=True):
-    """Load the checkpoint into model and optimizer; return where to start.
+    """Load the checkpoint into model and optimizer; return where to start. The process that
+    reports (and writes) then holds --checkpoint-dir for a training run (hold_folder).
 
     A fresh run starts at epoch 0. `optimizer_state` says whether the optimizer
     now holds state, which the Horovod port needs to know before broadcasting it.
     """
     resume = resuming(args)
     if not (resume or args.evaluate):
+        if reports:
+            hold_folder(args)
         return fresh_start(args)
     path = checkpoint_path(args)
     ckpt = as_trainer_checkpoint(load_checkpoint(path), path)
@@ -152,18 +155,21 @@ def restore(args, model, optimizer, reports=True):
     if args.evaluate:
         return start  # the optimizer is not needed, so its state is neither loaded nor sent
     last = args.stop_at or args.epochs
-    if ckpt["epoch"] >= last and args.auto_resume:
-        # A restarted job whose run had already ended: nothing to train, and no error.
+    # A restarted job (--auto-resume) whose run had already ended: nothing to train, and no error.
+    ended = ckpt["epoch"] >= last and args.auto_resume
+    if ckpt["epoch"] >= args.epochs and not ended:
+        raise UsageError(f"checkpoint {path} has already finished {ckpt['epoch']} of --epochs {args.epochs}; "
+                         "pass a larger --epochs to train on")
+    if args.stop_at is not None and args.stop_at <= ckpt["epoch"] and not ended:
+        raise UsageError(f"--stop-at {args.stop_at} is not after the checkpoint's epoch {ckpt['epoch']}, "
+                         "so nothing would be trained; pass a later --stop-at")
+    if reports:  # the checkpoint is sound: from here on, this run writes into its folder
+        hold_folder(args)
+    if ended:
         if reports:
             print(f"{path} has finished epoch {ckpt['epoch']}: nothing left to train before "
                   f"epoch {last}", flush=True)
         return start
-    if ckpt["epoch"] >= args.epochs:
-        raise UsageError(f"checkpoint {path} has already finished {ckpt['epoch']} of --epochs {args.epochs}; "
-                         "pass a larger --epochs to train on")
-    if args.stop_at is not None and args.stop_at <= ckpt["epoch"]:
-        raise UsageError(f"--stop-at {args.stop_at} is not after the checkpoint's epoch {ckpt['epoch']}, "
-                         "so nothing would be trained; pass a later --stop-at")
     if ckpt.get("optimizer"):
         # The checkpoint's hyperparameters and momentum, but this optimizer's implementation.
         impl = [{k: g.get(k) for k in ("fused", "foreach")} for g in optimizer.param_groups]
@@ -198,8 +204,7 @@ def resume_line(path, start, args, restarted, imported=False):
 
 
 def preflight(args, reports):
-    """Fail before any work on what would fail later; then, for a training run, hold
-    --checkpoint-dir for this run until it ends (`hold_folder`).
+    """Fail before any work on what would fail later. Creates nothing.
 
     Only the process that reads and writes checkpoints (the one that reports) checks
     them: on several hosts the others may not even see the folder.
@@ -218,18 +223,25 @@ def preflight(args, reports):
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
         raise TrainerError(f"cannot write to --checkpoint-dir {args.checkpoint_dir} ({parent} is not a "
                            "writable folder); fix its permissions or choose another folder")
-    hold_folder(args.checkpoint_dir)
-    existing = os.path.join(d, LAST)
+    refuse_replacing(args)
+
+
+def refuse_replacing(args):
+    """A fresh run does not replace a checkpoint unless told to."""
+    existing = os.path.join(args.checkpoint_dir, LAST)
     if not resuming(args) and not args.overwrite and os.path.exists(existing):
         raise UsageError(f"{existing} already exists; pass --resume to continue it, --overwrite to "
                          "replace it, or another --checkpoint-dir")
 
 
-def hold_folder(folder):
+def hold_folder(args):
     """Make --checkpoint-dir this run's until the process ends, or stop with one line naming
     the run that holds it: two runs writing one folder would overwrite each other's
     checkpoints and metrics in turn. A lock file the kernel drops with its process,
-    however it ends, so a restarted job takes the folder over once the old run is gone."""
+    however it ends, so a restarted job takes the folder over once the old run is gone.
+    Under the lock, a fresh run looks again for a checkpoint it must not replace (one that
+    another run finished since preflight)."""
+    folder = args.checkpoint_dir
     try:
         os.makedirs(folder, exist_ok=True)
     except OSError as e:
@@ -240,3 +252,4 @@ def hold_folder(folder):
     if holder is not None:
         raise TrainerError(f"--checkpoint-dir {folder} is in use by another run ({holder or 'starting'}); "
                            "wait for it to end, or choose another --checkpoint-dir")
+    refuse_replacing(args)

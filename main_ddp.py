@@ -29,7 +29,7 @@ import utils
 def main(argv=None):
     args = cli.parse_args(cli.add_ddp_args(cli.build_parser(__doc__)), argv)  # DDP: its flags
     launch.stop_on(args.stop_signal)  # a scheduler's warning signal, as SIGTERM
-    device = devices.pick_device(*launch.torchrun_local())  # one GPU, or a share of the cores,
+    device = devices.pick_device(*launch.torchrun_local())  # DDP: one GPU, or a share of the cores,
     devices.share_cores(device, *launch.torchrun_local())  # before torch.distributed starts
     alone = {} if "RANK" in os.environ else dict(store=dist.HashStore(), rank=0, world_size=1)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", **alone)  # join the job

@@ -2,7 +2,7 @@
 
     python tests/probes/placement.py '[[local_rank, local_size], ...]'
 
-Calls devices.share_cores(cpu, local_rank, local_size, start) for each pair in turn,
+Calls devices.share_cores(cpu, local_rank, local_size, start=start) for each pair in turn,
 always with the cores the process started with (as an elastic worker does after each
 reset), and prints as JSON, after each call: the process's cores, the cores of a
 thread that existed before the calls, and torch's thread count.
@@ -24,7 +24,7 @@ thread.start()
 start = devices.starting_cores()
 states = []
 for local_rank, local_size in json.loads(sys.argv[1]):
-    devices.share_cores(torch.device("cpu"), local_rank, local_size, start)
+    devices.share_cores(torch.device("cpu"), local_rank, local_size, start=start)
     states.append({"process": sorted(os.sched_getaffinity(0)),
                    "early": sorted(os.sched_getaffinity(thread.native_id)),
                    "threads": torch.get_num_threads()})
