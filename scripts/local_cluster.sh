@@ -27,7 +27,10 @@
 # 169.254.x is allowed), CLUSTER_SSH_PORT (default 2222).
 # Exit status 77: no namespaces can be made here (not root, or not permitted).
 set -euo pipefail
+# shellcheck source=netns.sh
+. "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/netns.sh"
 
+PROG=local_cluster.sh
 DIR=${CLUSTER_DIR:-/tmp/cifar-cluster}
 NAME=${CLUSTER_NAME:-cifar}
 NET=${CLUSTER_NET:-169.254.77}
@@ -35,14 +38,8 @@ PORT=${CLUSTER_SSH_PORT:-2222}
 IFACE=cluster0          # each host's interface: the same name on every host
 SSHD=/usr/sbin/sshd
 
-die() { printf 'local_cluster.sh: error: %s\n' "$1" >&2; exit "${2:-1}"; }
-say() { printf 'local_cluster.sh: %s\n' "$*" >&2; }
-
 check_settings() {
-    [[ $NAME =~ ^[a-z][a-z0-9]{0,9}$ ]] \
-        || die "CLUSTER_NAME '$NAME' must be 1-10 lower-case letters and digits (it prefixes link names)"
-    [[ $NET =~ ^169\.254\.([1-9]|[1-9][0-9]|1[0-9][0-9]|2[0-4][0-9]|25[0-4])$ ]] \
-        || die "CLUSTER_NET '$NET' must be 169.254.X with X in 1..254: hosts get link-local addresses only"
+    check_name_and_net CLUSTER hosts
     [[ $PORT =~ ^[0-9]+$ ]] && ((PORT > 0 && PORT < 65536)) || die "CLUSTER_SSH_PORT '$PORT' is not a port"
     [[ $DIR = /* && $DIR != *[[:space:]]* ]] \
         || die "CLUSTER_DIR '$DIR' must be an absolute path without spaces"
@@ -53,27 +50,11 @@ sshd_pid() { cat "$DIR/h$1/sshd.pid" 2>/dev/null; }
 
 # --- up ------------------------------------------------------------------------
 
-need_root() {
-    [ "$(id -u)" -eq 0 ] || die "must run as root to make network namespaces" 77
-    command -v ip >/dev/null || die "the ip command (iproute2) is missing" 77
-    local probe="$NAME-probe$$"
-    ip netns add "$probe" 2>/dev/null || die "cannot create network namespaces here (ip netns add failed)" 77
-    ip netns del "$probe"
-}
-
 install_sshd() {
     [ -x "$SSHD" ] && return
     say "installing openssh-server (sshd is missing)"
-    # Install without starting the system's sshd: a policy-rc.d that says no, only
-    # for the length of the install when the machine has none.
-    local policy=/usr/sbin/policy-rc.d made_policy=""
-    if [ ! -e "$policy" ]; then
-        printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod +x "$policy" && made_policy=1
-    fi
     local rc=0
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y -qq --no-install-recommends openssh-server >/dev/null; } >&2 || rc=$?
-    [ -z "$made_policy" ] || rm -f "$policy"
+    apt_install openssh-server || rc=$?
     [ "$rc" -eq 0 ] && [ -x "$SSHD" ] || die "could not install openssh-server with apt-get (status $rc)"
 }
 
@@ -108,15 +89,7 @@ start_host() {  # host number
     ns=$(host_ns "$i")
     h=$DIR/h$i
     mkdir -p "$h"
-    ip netns add "$ns"
-    ip link add "$NAME-v$i" type veth peer name "$IFACE" netns "$ns"
-    ip link set "$NAME-v$i" master "$NAME-br"
-    quiet_ipv6 "" "$NAME-v$i"
-    ip link set "$NAME-v$i" up
-    quiet_ipv6 "$ns" "$IFACE"
-    ip -n "$ns" addr add "$NET.$i/24" dev "$IFACE"
-    ip -n "$ns" link set lo up
-    ip -n "$ns" link set "$IFACE" up
+    add_namespace "$ns" "$i"
     ssh-keygen -q -t ed25519 -N '' -C "$ns" -f "$h/ssh_host_ed25519_key"
     printf '[%s]:%s,[%s]:%s %s\n' "$NET.$i" "$PORT" "$ns" "$PORT" \
         "$(cut -d' ' -f1,2 "$h/ssh_host_ed25519_key.pub")" \
@@ -134,15 +107,6 @@ start_host() {  # host number
         sleep 0.1
     done
     die "sshd of host $i did not start: $(tail -3 "$h/sshd.log" 2>/dev/null)"
-}
-
-quiet_ipv6() {  # namespace ("" for this one), device: no IPv6 chatter on the cluster's links
-    local f=/proc/sys/net/ipv6/conf/$2/disable_ipv6
-    if [ -z "$1" ]; then
-        [ -w "$f" ] && echo 1 > "$f" || true
-    else
-        ip netns exec "$1" sh -c "[ -w $f ] && echo 1 > $f" || true
-    fi
 }
 
 write_client_files() {
@@ -163,19 +127,11 @@ EOF
     chmod +x "$DIR/bin/ssh"
 }
 
-up() {
-    local n=${1:-} slots=1
-    shift || true
-    while [ $# -gt 0 ]; do
-        case $1 in
-            --slots) slots=${2:-}; shift 2 || die "--slots needs a number" ;;
-            *) die "unknown option '$1' (usage: up N [--slots S])" ;;
-        esac
-    done
-    [[ $n =~ ^[0-9]+$ ]] && ((n >= 1 && n <= 64)) || die "up needs a number of hosts from 1 to 64, not '$n'"
-    [[ $slots =~ ^[0-9]+$ ]] && ((slots >= 1)) || die "--slots must be a positive number, not '$slots'"
-    local i
-    need_root
+cmd_up() {
+    local n each
+    up_args hosts --slots S 1 "$@"
+    local slots=$each i
+    need_root "the ip command (iproute2) is missing" ip
     [ ! -e "$DIR/cluster.env" ] || die "a cluster is already up in $DIR; run '$0 down' first"
     install_sshd
     mkdir -p "$DIR"
@@ -183,7 +139,7 @@ up() {
     # Written first, so that down finds everything even when up fails half-way.
     printf 'NAME=%s\nNET=%s\nPORT=%s\nHOSTS=%s\nSLOTS=%s\n' "$NAME" "$NET" "$PORT" "$n" "$slots" \
         > "$DIR/cluster.env"
-    trap 'rc=$?; [ $rc -eq 0 ] || { say "up failed; removing what it made"; down >/dev/null 2>&1; }' EXIT
+    down_if_up_fails
     mkdir -p /run/sshd  # sshd's privilege separation folder (Debian's service makes it)
     ssh-keygen -q -t ed25519 -N '' -C "$NAME-cluster" -f "$DIR/id_ed25519"
     cp "$DIR/id_ed25519.pub" "$DIR/authorized_keys"
@@ -192,9 +148,7 @@ up() {
     write_client_files
     # The names every host resolves: this machine's, and the cluster's hosts.
     { cat /etc/hosts; for i in $(seq "$n"); do echo "$NET.$i $(host_ns "$i")"; done; } > "$DIR/hosts"
-    ip link add "$NAME-br" type bridge
-    quiet_ipv6 "" "$NAME-br"
-    ip link set "$NAME-br" up
+    add_bridge
     for i in $(seq "$n"); do
         start_host "$i"
         echo "$NET.$i slots=$slots" >> "$DIR/hostfile"
@@ -205,10 +159,10 @@ up() {
             || die "host 1 cannot ssh to $NET.$i: $(tail -3 "$DIR/h$i/sshd.log" 2>/dev/null)"
     done
     trap - EXIT
-    print_env
+    cmd_env
 }
 
-print_env() {
+cmd_env() {
     [ -f "$DIR/cluster.env" ] || die "no cluster in $DIR; run '$0 up N' first"
     # shellcheck disable=SC1091
     . "$DIR/cluster.env"
@@ -243,9 +197,7 @@ on_host() {  # [exec] host number, command: run it there (in place of this shell
     $run nsenter --target "$pid" --net --uts --mount --wd="$PWD" env PATH="$DIR/bin:$PATH" "$@"
 }
 
-our_namespaces() {
-    ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$NAME-h[0-9]+$" || true
-}
+our_namespaces() { namespaces_of h; }
 
 # Processes on a host: every one was started by up (its sshd) or through it.
 end_processes() {  # namespace, pids to keep
@@ -253,23 +205,10 @@ end_processes() {  # namespace, pids to keep
     for p in $(ip netns pids "$ns" 2>/dev/null); do
         [[ $keep == *" $p "* ]] || pids+=("$p")
     done
-    [ ${#pids[@]} -gt 0 ] || return 0
-    kill -TERM "${pids[@]}" 2>/dev/null || true
-    for _ in $(seq 30); do
-        local alive=()
-        for p in "${pids[@]}"; do running "$p" && alive+=("$p"); done
-        [ ${#alive[@]} -gt 0 ] || return 0
-        sleep 0.1
-    done
-    kill -KILL "${alive[@]}" 2>/dev/null || true
+    end_pids "${pids[@]}"
 }
 
-running() {  # pid: it exists and has not exited (a zombie waiting for its parent has)
-    local state
-    state=$(sed -n 's/^.*) \(.\).*$/\1/p' "/proc/$1/stat" 2>/dev/null) && [ -n "$state" ] && [ "$state" != Z ]
-}
-
-reap() {
+cmd_reap() {
     local ns i
     for ns in $(our_namespaces); do
         i=${ns##*-h}
@@ -277,20 +216,14 @@ reap() {
     done
 }
 
-down() {
-    if [ -f "$DIR/cluster.env" ]; then
-        # shellcheck disable=SC1091
-        NAME=$(. "$DIR/cluster.env" && echo "$NAME")
-    fi
-    local ns link
+cmd_down() {
+    saved_name "$DIR/cluster.env"
+    local ns
     for ns in $(our_namespaces); do
         end_processes "$ns"
         ip netns del "$ns" 2>/dev/null || true  # takes its end of the veth pair, and so the pair
     done
-    for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 \
-                  | grep -E "^$NAME-(br|v[0-9]+)$" || true); do
-        ip link del "$link" 2>/dev/null || true
-    done
+    remove_links
     if [ -d "$DIR" ]; then  # only what up writes, never the whole of an arbitrary folder
         rm -rf "$DIR"/h[0-9]* "$DIR/bin"
         rm -f "$DIR"/{cluster.env,hosts,hostfile,id_ed25519,id_ed25519.pub,authorized_keys} \
@@ -300,14 +233,8 @@ down() {
     say "down: no namespace, link, process or file of cluster '$NAME' is left"
 }
 
+# on: the same process, so that signals to it reach the command.
+cmd_on() { on_host exec "$@"; }
+
 check_settings
-cmd=${1:-}
-shift || true
-case $cmd in
-    up) up "$@" ;;
-    env) print_env ;;
-    on) on_host exec "$@" ;;  # the same process: signals to it reach the command
-    reap) reap ;;
-    down) down ;;
-    *) die "usage: $0 up N [--slots S] | env | on HOST COMMAND... | reap | down" 2 ;;
-esac
+run_command "up N [--slots S] | env | on HOST COMMAND... | reap | down" "$@"

@@ -36,7 +36,10 @@
 # default 7817).
 # Exit status 77: no namespaces can be made here (not root, or not permitted).
 set -euo pipefail
+# shellcheck source=netns.sh
+. "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/netns.sh"
 
+PROG=local_slurm.sh
 DIR=${LOCAL_SLURM_DIR:-/tmp/cifar-slurm}
 NAME=${LOCAL_SLURM_NAME:-slurm}
 NET=${LOCAL_SLURM_NET:-169.254.78}
@@ -45,14 +48,8 @@ IFACE=slurm0            # each node's interface: the same name on every node
 GRACE=20                # seconds a pre-empted low job has, from its SIGTERM, to end itself
 PKGS=(slurmctld slurmd slurm-client munge)
 
-die() { printf 'local_slurm.sh: error: %s\n' "$1" >&2; exit "${2:-1}"; }
-say() { printf 'local_slurm.sh: %s\n' "$*" >&2; }
-
 check_settings() {
-    [[ $NAME =~ ^[a-z][a-z0-9]{0,9}$ ]] \
-        || die "LOCAL_SLURM_NAME '$NAME' must be 1-10 lower-case letters and digits (it prefixes link names)"
-    [[ $NET =~ ^169\.254\.([1-9]|[1-9][0-9]|1[0-9][0-9]|2[0-4][0-9]|25[0-4])$ ]] \
-        || die "LOCAL_SLURM_NET '$NET' must be 169.254.X with X in 1..254: nodes get link-local addresses only"
+    check_name_and_net LOCAL_SLURM nodes
     [[ $PORT =~ ^[0-9]+$ ]] && ((PORT >= 1024 && PORT < 65535)) \
         || die "LOCAL_SLURM_PORT '$PORT' must be a port from 1024 to 65534"
     ((PORT != 6817 && PORT != 6818 && PORT + 1 != 6817 && PORT + 1 != 6818)) \
@@ -66,15 +63,6 @@ slurmd_pid() { cat "$DIR/$(node_name "$1")/slurmd.pid" 2>/dev/null; }
 
 # --- up ------------------------------------------------------------------------
 
-need_root() {
-    [ "$(id -u)" -eq 0 ] || die "must run as root to make network namespaces" 77
-    command -v ip >/dev/null && command -v nsenter >/dev/null && command -v unshare >/dev/null \
-        || die "ip (iproute2), nsenter or unshare (util-linux) is missing" 77
-    local probe="$NAME-probe$$"
-    ip netns add "$probe" 2>/dev/null || die "cannot create network namespaces here (ip netns add failed)" 77
-    ip netns del "$probe"
-}
-
 install_packages() {
     local missing=() p
     for p in slurmctld slurmd srun munged; do
@@ -83,16 +71,8 @@ install_packages() {
     command -v mpirun >/dev/null || missing+=(openmpi-bin)
     [ ${#missing[@]} -gt 0 ] || return 0
     say "installing ${missing[*]}"
-    # Install without starting the system's daemons: a policy-rc.d that says no, only
-    # for the length of the install when the machine has none.
-    local policy=/usr/sbin/policy-rc.d made_policy=""
-    if [ ! -e "$policy" ]; then
-        printf '#!/bin/sh\nexit 101\n' > "$policy" && chmod +x "$policy" && made_policy=1
-    fi
     local rc=0
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; } >&2 || rc=$?
-    [ -z "$made_policy" ] || rm -f "$policy"
+    apt_install "${missing[@]}" || rc=$?
     [ "$rc" -eq 0 ] || die "could not install ${missing[*]} with apt-get (status $rc)"
     for p in slurmctld slurmd srun munged mpirun; do
         command -v "$p" >/dev/null || die "$p is still missing after installing ${missing[*]}"
@@ -177,29 +157,6 @@ PartitionName=high Nodes=ALL PriorityTier=2 PreemptMode=OFF MaxTime=INFINITE Sta
 EOF
 }
 
-add_node_network() {  # node number
-    local i=$1 ns
-    ns=$(node_name "$i")
-    ip netns add "$ns"
-    ip link add "$NAME-v$i" type veth peer name "$IFACE" netns "$ns"
-    ip link set "$NAME-v$i" master "$NAME-br"
-    quiet_ipv6 "" "$NAME-v$i"
-    ip link set "$NAME-v$i" up
-    quiet_ipv6 "$ns" "$IFACE"
-    ip -n "$ns" addr add "$NET.$i/24" dev "$IFACE"
-    ip -n "$ns" link set lo up
-    ip -n "$ns" link set "$IFACE" up
-}
-
-quiet_ipv6() {  # namespace ("" for this one), device: no IPv6 chatter on the cluster's links
-    local f=/proc/sys/net/ipv6/conf/$2/disable_ipv6
-    if [ -z "$1" ]; then
-        [ -w "$f" ] && echo 1 > "$f" || true
-    else
-        ip netns exec "$1" sh -c "[ -w $f ] && echo 1 > $f" || true
-    fi
-}
-
 start_daemon() {  # node number, pid file, daemon and its arguments...
     # Its own hostname (a UTS namespace) that resolves to its node address, as on a real
     # cluster: the cluster's hosts file over /etc/hosts, in a mount namespace of its own.
@@ -228,19 +185,11 @@ wait_idle() {  # nodes
     die "the nodes are not idle after 60 s (sinfo:$(on_node 1 sinfo -h -N -p low -o ' %N %t' 2>&1 | tr '\n' ' ')): $(tail -n 3 "$DIR/ctld/slurmctld.log" 2>/dev/null)"
 }
 
-up() {
-    local n=${1:-} cpus=2
-    shift || true
-    while [ $# -gt 0 ]; do
-        case $1 in
-            --cpus) cpus=${2:-}; shift 2 || die "--cpus needs a number" ;;
-            *) die "unknown option '$1' (usage: up N [--cpus C])" ;;
-        esac
-    done
-    [[ $n =~ ^[0-9]+$ ]] && ((n >= 1 && n <= 64)) || die "up needs a number of nodes from 1 to 64, not '$n'"
-    [[ $cpus =~ ^[0-9]+$ ]] && ((cpus >= 1)) || die "--cpus must be a positive number, not '$cpus'"
-    local i ns
-    need_root
+cmd_up() {
+    local n each
+    up_args nodes --cpus C 2 "$@"
+    local cpus=$each i ns
+    need_root "ip (iproute2), nsenter or unshare (util-linux) is missing" ip nsenter unshare
     [ ! -e "$DIR/slurm.env" ] || die "a cluster is already up in $DIR; run '$0 down' first"
     check_reachable
     install_packages
@@ -248,19 +197,17 @@ up() {
     # Written first, so that down finds everything even when up fails half-way.
     printf 'NAME=%s\nNET=%s\nPORT=%s\nNODES=%s\nCPUS=%s\n' "$NAME" "$NET" "$PORT" "$n" "$cpus" \
         > "$DIR/slurm.env"
-    trap 'rc=$?; [ $rc -eq 0 ] || { say "up failed; removing what it made"; down >/dev/null 2>&1; }' EXIT
+    down_if_up_fails
     start_munged
     write_slurm_conf "$n" "$cpus"
     mkdir -p "$DIR/ctld"
     # The names every node resolves: this machine's, and the cluster's nodes.
     { cat /etc/hosts; for i in $(seq "$n"); do echo "$NET.$i $(node_name "$i")"; done; } > "$DIR/hosts"
-    ip link add "$NAME-br" type bridge
-    quiet_ipv6 "" "$NAME-br"
-    ip link set "$NAME-br" up
+    add_bridge
     for i in $(seq "$n"); do
         ns=$(node_name "$i")
         mkdir -p "$DIR/$ns/spool" "$DIR/$ns/tmp"
-        add_node_network "$i"
+        add_namespace "$ns" "$i"
     done
     start_daemon 1 "$DIR/ctld/slurmctld.pid" slurmctld -f "$DIR/slurm.conf"
     for i in $(seq "$n"); do
@@ -268,10 +215,10 @@ up() {
     done
     wait_idle "$n"
     trap - EXIT
-    print_env
+    cmd_env
 }
 
-print_env() {
+cmd_env() {
     [ -f "$DIR/slurm.env" ] || die "no cluster in $DIR; run '$0 up N' first"
     # shellcheck disable=SC1091
     . "$DIR/slurm.env"
@@ -307,27 +254,7 @@ on_node() {  # [exec] node number, command: run it there (in place of this shell
     $run nsenter --target "$pid" --net --uts --mount --wd="$PWD" env SLURM_CONF="$DIR/slurm.conf" "$@"
 }
 
-our_namespaces() {
-    ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^$NAME-n[0-9]+$" || true
-}
-
-running() {  # pid: it exists and has not exited (a zombie waiting for its parent has)
-    local state
-    state=$(sed -n 's/^.*) \(.\).*$/\1/p' "/proc/$1/stat" 2>/dev/null) && [ -n "$state" ] && [ "$state" != Z ]
-}
-
-end_pids() {  # pids: TERM, then KILL what is left after 3 s
-    [ $# -gt 0 ] || return 0
-    kill -TERM "$@" 2>/dev/null || true
-    local p alive
-    for _ in $(seq 30); do
-        alive=()
-        for p in "$@"; do running "$p" && alive+=("$p"); done
-        [ ${#alive[@]} -gt 0 ] || return 0
-        sleep 0.1
-    done
-    kill -KILL "${alive[@]}" 2>/dev/null || true
-}
+our_namespaces() { namespaces_of n; }
 
 # Processes on the nodes: every one was started by up (slurmctld, slurmd) or by them
 # (slurmstepd, a job's shell and tasks). All nodes at once: a job's shell that traps
@@ -352,22 +279,16 @@ end_munged() {  # only the munged that serves this cluster's socket
     end_pids "$pid"
 }
 
-down() {
-    if [ -f "$DIR/slurm.env" ]; then
-        # shellcheck disable=SC1091
-        NAME=$(. "$DIR/slurm.env" && echo "$NAME")
-    fi
-    local ns link namespaces
+cmd_down() {
+    saved_name "$DIR/slurm.env"
+    local ns namespaces
     mapfile -t namespaces < <(our_namespaces)
     end_node_processes "${namespaces[@]}"
     for ns in "${namespaces[@]}"; do
         ip netns del "$ns" 2>/dev/null || true  # takes its end of the veth pair, and so the pair
     done
     end_munged
-    for link in $(ip -o link show 2>/dev/null | awk -F': ' '{print $2}' | cut -d@ -f1 \
-                  | grep -E "^$NAME-(br|v[0-9]+)$" || true); do
-        ip link del "$link" 2>/dev/null || true
-    done
+    remove_links
     if [ -d "$DIR" ]; then  # only what up writes, never the whole of an arbitrary folder
         rm -rf "$DIR/munge" "$DIR/ctld" "$DIR/$NAME"-n[0-9]*
         rm -f "$DIR"/{slurm.env,slurm.conf,hosts}
@@ -376,13 +297,8 @@ down() {
     say "down: no namespace, link, process or file of cluster '$NAME' is left"
 }
 
+# on: the same process, so that signals to it reach the command.
+cmd_on() { on_node exec "$@"; }
+
 check_settings
-cmd=${1:-}
-shift || true
-case $cmd in
-    up) up "$@" ;;
-    env) print_env ;;
-    on) on_node exec "$@" ;;  # the same process: signals to it reach the command
-    down) down ;;
-    *) die "usage: $0 up N [--cpus C] | env | on NODE COMMAND... | down" 2 ;;
-esac
+run_command "up N [--cpus C] | env | on NODE COMMAND... | down" "$@"
