@@ -28,24 +28,6 @@ ACTIVITIES = ("NEGOTIATE_ALLREDUCE", "ALLREDUCE", "MEMCPY_IN_FUSION_BUFFER", "GL
               "MEMCPY_OUT_FUSION_BUFFER")
 
 
-def rank_pids(script, marker):
-    """{pid: rank} of the running trainer processes of one job (their command line holds marker)."""
-    found = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-        except OSError:
-            continue
-        if script.encode() in cmd and marker.encode() in cmd and b"python" in cmd.split(b"\0")[0]:
-            rank = env.get(b"HOROVOD_RANK", env.get(b"RANK"))
-            if rank is not None:
-                found[int(pid)] = int(rank)
-    return found
-
-
 def thread_times(pid):
     """{tid: (name, cpu seconds, voluntary context switches)} of a process's threads, now."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -81,7 +63,7 @@ def profiled_run(cmd, ckpt, script, env_extra, epochs):
             done = 0
         mark = {1: "start", epochs: "end"}.get(done)
         if mark and mark not in samples:
-            ranks = ranks or rank_pids(script, ckpt)
+            ranks = ranks or {pid: rank for rank, pid in trainer_runs.rank_pids(script, ckpt).items()}
             try:
                 samples[mark] = (time.time(), {pid: thread_times(pid) for pid in ranks})
             except OSError:  # a rank ended meanwhile

@@ -46,6 +46,34 @@ def run_trainer(cmd, ckpt, env_extra=None, timeout=900, python=sys.executable):
         return r, list(csv.DictReader(f))
 
 
+def trainer_pids(script, marker=None, **env_match):
+    """{pid: environment} of running `script` processes whose command line holds `marker`
+    and whose environment has every NAME=value of env_match, found through /proc."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                penv = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if script.encode() not in cmd or (marker and marker.encode() not in cmd):
+            continue
+        penv = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in penv.items()}
+        if all(penv.get(k) == str(v) for k, v in env_match.items()):
+            found[int(pid)] = penv
+    return found
+
+
+def rank_pids(script, marker=None, **env_match):
+    """{rank: pid} of a job's trainer processes, by the rank their launcher gave them
+    (HOROVOD_RANK from horovodrun, OMPI_COMM_WORLD_RANK from mpirun, RANK from torchrun)."""
+    ranks = {pid: e.get("HOROVOD_RANK", e.get("OMPI_COMM_WORLD_RANK", e.get("RANK")))
+             for pid, e in trainer_pids(script, marker, **env_match).items()}
+    return {int(rank): pid for pid, rank in ranks.items() if rank is not None}
+
+
 def images_per_s(rows):
     """Training images per second over these epochs' rows: images over time, not a mean of rates."""
     seconds = sum(float(row["epoch_time_s"]) for row in rows)

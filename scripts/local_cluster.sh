@@ -41,8 +41,8 @@ SSHD=/usr/sbin/sshd
 check_settings() {
     check_name_and_net CLUSTER hosts
     [[ $PORT =~ ^[0-9]+$ ]] && ((PORT > 0 && PORT < 65536)) || die "CLUSTER_SSH_PORT '$PORT' is not a port"
-    [[ $DIR = /* && $DIR != *[[:space:]]* ]] \
-        || die "CLUSTER_DIR '$DIR' must be an absolute path without spaces"
+    [[ $DIR = /* && $DIR != *[[:space:]]* && $DIR != / ]] \
+        || die "CLUSTER_DIR '$DIR' must be an absolute path without spaces, other than /"
 }
 
 host_ns() { echo "$NAME-h$1"; }

@@ -55,7 +55,7 @@ check_settings() {
     ((PORT != 6817 && PORT != 6818 && PORT + 1 != 6817 && PORT + 1 != 6818)) \
         || die "LOCAL_SLURM_PORT '$PORT' would use a system Slurm's default ports (6817, 6818)"
     [[ $DIR = /* && $DIR != *[[:space:]]* && $DIR != / ]] \
-        || die "LOCAL_SLURM_DIR '$DIR' must be an absolute path without spaces"
+        || die "LOCAL_SLURM_DIR '$DIR' must be an absolute path without spaces, other than /"
 }
 
 node_name() { echo "$NAME-n$1"; }

@@ -59,3 +59,14 @@ def real_data(tmp_path_factory):
     d = tmp_path_factory.mktemp("real")
     subprocess.run([helpers.PY, maker, str(d)], check=True, capture_output=True, timeout=300)
     return d
+
+
+@pytest.fixture(scope="session")
+def one_host_np2(data_dir, tmp_path_factory):
+    """Rank 0's model after a one-host np=2 run (horovodrun --gloo, one thread per rank, epoch 2
+    of helpers.CLUSTER_EPOCHS): what runs across hosts and Slurm nodes must equal, bit for bit."""
+    probe = tmp_path_factory.mktemp("one-host-np2")
+    args = helpers.common_args(data_dir, probe / "ck", "--stop-at", 2, epochs=helpers.CLUSTER_EPOCHS)
+    helpers.assert_ok(helpers.run_horovod(2, args, "gloo", probe=probe, env_extra=helpers.ONE_THREAD,
+                                          timeout=300))
+    return helpers.load_ranks(probe, 2)[0]["model"]

@@ -16,6 +16,7 @@ import time
 import torch
 
 import cli
+from benchmarks.trainer_runs import rank_pids, trainer_pids  # noqa: F401 (the tests' too)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
@@ -41,6 +42,13 @@ def env(extra=None):
 # cannot finish on its own between the test's last look and its signal, however slow the
 # machine is; a resume of it passes the same number, so the cosine continues.
 UNTIL_ENDED = 1000
+
+
+# Runs across hosts (network namespaces, Slurm nodes) are held against one host's np=2 run with
+# one thread per rank on both sides, which makes the two bitwise equal; both stop after epoch 2
+# of a 3-epoch schedule (conftest.py's one_host_np2).
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+CLUSTER_EPOCHS = 3
 
 
 def common_args(data_dir, ckpt_dir, *extra, epochs=2, batch=32, lr=0.05):
@@ -251,34 +259,6 @@ def metrics_rows(ckpt_dir):
         return read_metrics(ckpt_dir)
     except OSError:
         return []
-
-
-def trainer_pids(script, marker=None, **env_match):
-    """{pid: environment} of running `script` processes whose command line holds `marker`
-    and whose environment has every NAME=value of env_match, found through /proc."""
-    found = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                penv = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-        if script.encode() not in cmd or (marker and marker.encode() not in cmd):
-            continue
-        penv = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in penv.items()}
-        if all(penv.get(k) == str(v) for k, v in env_match.items()):
-            found[int(pid)] = penv
-    return found
-
-
-def rank_pids(script, marker=None, **env_match):
-    """{rank: pid} of a job's trainer processes, by the rank their launcher gave them
-    (HOROVOD_RANK from horovodrun, OMPI_COMM_WORLD_RANK from mpirun, RANK from torchrun)."""
-    ranks = {pid: e.get("HOROVOD_RANK", e.get("OMPI_COMM_WORLD_RANK", e.get("RANK")))
-             for pid, e in trainer_pids(script, marker, **env_match).items()}
-    return {int(rank): pid for pid, rank in ranks.items() if rank is not None}
 
 
 def kill_rank_and_wait(job, script, marker, rank=1, within=30):

@@ -6,9 +6,10 @@ run on host 1 and reach host 2 by ssh, as on real machines. One cluster serves t
 module; it is torn down at the end, also when a test or the set-up fails, and whatever
 a test left running on the hosts is ended after each test.
 
-Every rank runs one thread (OMP_NUM_THREADS=1), here and in the one-host reference: the
-hosts share this machine's cores, and a rank alone on its host would otherwise take all
-of them, which changes the floating-point sums, so no comparison would be bitwise.
+Every rank runs one thread (OMP_NUM_THREADS=1), here and in the one-host reference run
+(conftest.py's one_host_np2): the hosts share this machine's cores, and a rank alone on its
+host would otherwise take all of them, which changes the floating-point sums, so no
+comparison would be bitwise.
 Without root (namespaces), the module is skipped.
 """
 import os
@@ -19,16 +20,14 @@ import time
 
 import pytest
 
-from helpers import (BIN, PY, ROOT, UNTIL_ENDED, assert_ok, assert_ranks_identical, assert_states_equal,
-                     common_args, env, is_gone, load_ckpt,
+from helpers import (BIN, CLUSTER_EPOCHS, ONE_THREAD, PY, ROOT, UNTIL_ENDED, assert_ok,
+                     assert_ranks_identical, assert_states_equal, common_args, env, is_gone, load_ckpt,
                      load_ranks, metrics_rows, probe_cmd, rank_pids, read_metrics, run, run_horovod,
                      trainer_pids, wait_until, without_lr)
 
 SCRIPT = os.path.join(ROOT, "scripts", "local_cluster.sh")
 DISCOVER = os.path.join(ROOT, "scripts", "discover_hosts.sh")
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 JOB_TIMEOUT = 150  # seconds for one launch, ssh included, on a busy machine
-EPOCHS = 3  # the schedule's length; the comparisons stop at epoch 2
 
 
 class Cluster:
@@ -98,15 +97,6 @@ def reaped(cluster):
     cluster.script("reap", timeout=60)
 
 
-@pytest.fixture(scope="module")
-def reference(data_dir, tmp_path_factory):
-    """The one-host np=2 run that the cluster's runs must equal, bit for bit."""
-    probe = tmp_path_factory.mktemp("ref-probe")
-    args = common_args(data_dir, probe / "ck", "--stop-at", 2, epochs=EPOCHS)
-    assert_ok(run_horovod(2, args, "gloo", probe=probe, env_extra=ONE_THREAD, timeout=JOB_TIMEOUT))
-    return load_ranks(probe, 2)[0]["model"]
-
-
 def assert_two_hosts(ranks, cluster, local_size=1):
     """Each rank ran on the host the launcher put it on, and Horovod saw the cluster."""
     names = [f"{cluster.env['CLUSTER_NAME']}-h{1 + r * 2 // len(ranks)}" for r in range(len(ranks))]
@@ -118,25 +108,25 @@ def assert_two_hosts(ranks, cluster, local_size=1):
 # ---------------------------------------------------------------------------
 # Training across hosts equals training on one
 
-def test_mpirun_hostfile_trains_across_hosts_bitwise(cluster, reference, tmp_path):
+def test_mpirun_hostfile_trains_across_hosts_bitwise(cluster, one_host_np2, tmp_path):
     # A fresh --data-dir: each host's local rank 0 prepares it, both at once, in one folder.
-    args = common_args(tmp_path / "data", tmp_path / "ck", "--stop-at", 2, epochs=EPOCHS)
+    args = common_args(tmp_path / "data", tmp_path / "ck", "--stop-at", 2, epochs=CLUSTER_EPOCHS)
     assert_ok(cluster.run("mpirun", 2, args, probe=tmp_path))
     ranks = load_ranks(tmp_path, 2)
     assert_two_hosts(ranks, cluster)
-    assert_states_equal(ranks[1]["model"], reference, "rank 1 and the one-host run")
-    assert_states_equal(load_ckpt(tmp_path / "ck" / "ckpt.pth")["model"], reference, "the checkpoint")
+    assert_states_equal(ranks[1]["model"], one_host_np2, "rank 1 and the one-host run")
+    assert_states_equal(load_ckpt(tmp_path / "ck" / "ckpt.pth")["model"], one_host_np2, "the checkpoint")
 
 
-def test_horovodrun_gloo_trains_and_resumes_across_hosts_bitwise(cluster, reference, data_dir, tmp_path):
+def test_horovodrun_gloo_trains_and_resumes_across_hosts_bitwise(cluster, one_host_np2, data_dir, tmp_path):
     ck = tmp_path / "ck"
-    first = assert_ok(cluster.run("gloo", 2, common_args(data_dir, ck, "--stop-at", 1, epochs=EPOCHS)))
+    first = assert_ok(cluster.run("gloo", 2, common_args(data_dir, ck, "--stop-at", 1, epochs=CLUSTER_EPOCHS)))
     assert load_ckpt(ck / "ckpt.pth")["epoch"] == 1
-    args = without_lr(common_args(data_dir, ck, "--resume", "--stop-at", 2, epochs=EPOCHS))
+    args = without_lr(common_args(data_dir, ck, "--resume", "--stop-at", 2, epochs=CLUSTER_EPOCHS))
     second = assert_ok(cluster.run("gloo", 2, args, probe=tmp_path))
     ranks = load_ranks(tmp_path, 2)
     assert_two_hosts(ranks, cluster)
-    assert_states_equal(ranks[1]["model"], reference, "rank 1 and the one-host run")
+    assert_states_equal(ranks[1]["model"], one_host_np2, "rank 1 and the one-host run")
     # The resume says what it continues, from rank 0 alone.
     said = [ln for ln in second.stdout.splitlines() if "resuming" in ln]
     assert len(said) == 1 and said[0].startswith("[0]<stdout>:resuming ") and "after epoch 1" in said[0] \
@@ -271,14 +261,14 @@ def test_gloo_uses_the_named_interface_when_host_names_resolve_to_loopback(clust
 # ---------------------------------------------------------------------------
 # torchrun across hosts (main_ddp.py)
 
-def test_torchrun_ddp_across_two_hosts_equals_one_host(cluster, reference, data_dir, tmp_path, jobs):
+def test_torchrun_ddp_across_two_hosts_equals_one_host(cluster, one_host_np2, data_dir, tmp_path, jobs):
     # One torchrun per host, as on real machines: they meet at host 1's c10d rendezvous, and
     # gloo is told the hosts' shared interface. main_ddp.py at np=2 equals main_horovod.py at
     # np=2 within 1e-6 (tests/test_main_ddp.py), so the Horovod reference serves here too.
     flags = cluster.vars["CLUSTER_HOROVODRUN_ARGS"]
     iface = flags[flags.index("--network-interface") + 1]
     endpoint = f"{cluster.addresses[0]}:{29500 + os.getpid() % 400}"
-    args = common_args(data_dir, tmp_path / "ck", "--stop-at", 2, epochs=EPOCHS)
+    args = common_args(data_dir, tmp_path / "ck", "--stop-at", 2, epochs=CLUSTER_EPOCHS)
     extra = dict(cluster.env, GLOO_SOCKET_IFNAME=iface, **ONE_THREAD)
     nodes = [jobs(cluster.on(i + 1, [os.path.join(BIN, "torchrun"), "--nnodes", 2, "--node_rank", i,
                                      "--nproc_per_node", 1, "--rdzv-backend", "c10d",
@@ -291,5 +281,5 @@ def test_torchrun_ddp_across_two_hosts_equals_one_host(cluster, reference, data_
     assert [r["size"] for r in ranks] == [2, 2] and [r["local_size"] for r in ranks] == [1, 1]
     assert sorted(r["host"] for r in ranks) == [f"{cluster.env['CLUSTER_NAME']}-h{i}" for i in (1, 2)]
     for r in ranks:
-        assert_states_equal(r["model"], reference, "two hosts and one", atol_scale=1e-6)
+        assert_states_equal(r["model"], one_host_np2, "two hosts and one", atol_scale=1e-6)
     assert [int(x["epoch"]) for x in read_metrics(tmp_path / "ck")] == [1, 2]

@@ -7,8 +7,9 @@ pre-empted by a real high-partition job or stopped with scancel. One cluster ser
 module, under a name, folder and network of this test run's own; it is torn down at the
 end, also when a test or the set-up fails, and every job a test left is cancelled after it.
 
-Every rank runs one thread (OMP_NUM_THREADS=1), here and in the one-host reference, as in
-test_multihost.py: the nodes share this machine's cores, and the comparisons are bitwise.
+Every rank runs one thread (OMP_NUM_THREADS=1), here and in the one-host reference run
+(conftest.py's one_host_np2), as in test_multihost.py: the nodes share this machine's cores,
+and the comparisons are bitwise.
 Without root (namespaces), the module is skipped.
 """
 import contextlib
@@ -23,14 +24,12 @@ from typing import NamedTuple
 
 import pytest
 
-from helpers import (BIN, PY, ROOT, UNTIL_ENDED, assert_ok, assert_states_equal, common_args, env, is_gone,
-                     load_ckpt, load_ranks, metrics_rows, probe_cmd, read_metrics, run, run_horovod,
-                     trainer_pids, wait_until, without_lr)
+from helpers import (BIN, CLUSTER_EPOCHS, ONE_THREAD, PY, ROOT, UNTIL_ENDED, assert_ok, assert_states_equal,
+                     common_args, env, is_gone, load_ckpt, load_ranks, metrics_rows, probe_cmd, read_metrics,
+                     run, trainer_pids, wait_until, without_lr)
 
 SCRIPT = os.path.join(ROOT, "scripts", "local_slurm.sh")
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 JOB_TIMEOUT = 300  # seconds for one job to start and train a few tiny epochs, on a busy machine
-EPOCHS = 3  # the schedule's length; the comparisons stop at epoch 2
 STOP_AT = 6  # where a stopped and requeued job ends by itself (see frozen() for why it is reached late)
 # Slurm's states of a job that is over (a requeued job is PENDING, then RUNNING again).
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
@@ -135,15 +134,6 @@ def no_job_left(cluster):
     wait_until(lambda: not cluster.jobs(), 90, "job queue empty after scancel", interval=0.5)
 
 
-@pytest.fixture(scope="module")
-def reference(data_dir, tmp_path_factory):
-    """The one-host np=2 run that the cluster's runs must equal, bit for bit."""
-    probe = tmp_path_factory.mktemp("ref-probe")
-    args = common_args(data_dir, probe / "ck", "--stop-at", 2, epochs=EPOCHS)
-    assert_ok(run_horovod(2, args, "gloo", probe=probe, env_extra=ONE_THREAD, timeout=JOB_TIMEOUT))
-    return load_ranks(probe, 2)[0]["model"]
-
-
 def flags(*extra, **kw):
     """common_args less --data-dir and --checkpoint-dir, which the sbatch files pass from
     DATA_DIR and CHECKPOINT_DIR."""
@@ -225,14 +215,14 @@ def assert_two_hosts(ranks, cluster):
 # sbatch -N2: training across the nodes equals training on one host
 
 @pytest.mark.parametrize("sbatch_file", ["horovod_srun.sbatch", "horovod_mpirun.sbatch"])
-def test_sbatch_horovod_trains_across_nodes_bitwise(cluster, reference, data_dir, sbatch_file, tmp_path):
+def test_sbatch_horovod_trains_across_nodes_bitwise(cluster, one_host_np2, data_dir, sbatch_file, tmp_path):
     # horovod_srun: srun --mpi=pmix starts the ranks, which find each other through Slurm's
     # PMIx. horovod_mpirun: mpirun reads the allocation (no hostfile, no -np) and starts its
     # daemon on node 2 with srun. The srun run gets a fresh --data-dir: each node's local
     # rank 0 (as PMIx tells it) prepares it, both at once, in one folder.
     data = tmp_path / "data" if sbatch_file == "horovod_srun.sbatch" else data_dir
     out = tmp_path / "job.out"
-    job = submit(cluster, sbatch_file, flags("--stop-at", 2, epochs=EPOCHS), data,
+    job = submit(cluster, sbatch_file, flags("--stop-at", 2, epochs=CLUSTER_EPOCHS), data,
                  tmp_path / "ck", out, TRAINER=probe_trainer("rank_horovod", tmp_path))
     info = wait_ended(cluster, job, out)
     text = read(out)
@@ -240,18 +230,18 @@ def test_sbatch_horovod_trains_across_nodes_bitwise(cluster, reference, data_dir
     ranks = load_ranks(tmp_path, 2)
     assert_two_hosts(ranks, cluster)
     for r, rank in enumerate(ranks):
-        assert_states_equal(rank["model"], reference, f"rank {r} and the one-host run")
-    assert_states_equal(load_ckpt(tmp_path / "ck" / "ckpt.pth")["model"], reference, "the checkpoint")
+        assert_states_equal(rank["model"], one_host_np2, f"rank {r} and the one-host run")
+    assert_states_equal(load_ckpt(tmp_path / "ck" / "ckpt.pth")["model"], one_host_np2, "the checkpoint")
     assert [int(x["epoch"]) for x in read_metrics(tmp_path / "ck")] == [1, 2]
     assert re.findall(r"^job (\d+) run (\d+) on ", text, re.M) == [(str(job), "1")], text[-4000:]
 
 
-def test_sbatch_srun_torchrun_ddp_across_nodes_equals_one_host(cluster, reference, data_dir, tmp_path):
+def test_sbatch_srun_torchrun_ddp_across_nodes_equals_one_host(cluster, one_host_np2, data_dir, tmp_path):
     # One torchrun per node, meeting at a c10d rendezvous on node 1. main_ddp.py at np=2 equals
     # main_horovod.py at np=2 within 1e-6 (tests/test_main_ddp.py), so the Horovod reference
     # serves here too.
     out = tmp_path / "job.out"
-    job = submit(cluster, "ddp_torchrun.sbatch", flags("--stop-at", 2, epochs=EPOCHS),
+    job = submit(cluster, "ddp_torchrun.sbatch", flags("--stop-at", 2, epochs=CLUSTER_EPOCHS),
                  data_dir, tmp_path / "ck", out, TRAINER=probe_trainer("rank_ddp", tmp_path))
     info = wait_ended(cluster, job, out)
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), read(out)[-4000:]
@@ -259,7 +249,7 @@ def test_sbatch_srun_torchrun_ddp_across_nodes_equals_one_host(cluster, referenc
     assert [(r["size"], r["local_size"]) for r in ranks] == [(2, 1)] * 2
     assert sorted(r["host"] for r in ranks) == cluster.nodes  # the rendezvous orders the nodes
     for r, rank in enumerate(ranks):
-        assert_states_equal(rank["model"], reference, f"rank {r} and the one-host run", atol_scale=1e-6)
+        assert_states_equal(rank["model"], one_host_np2, f"rank {r} and the one-host run", atol_scale=1e-6)
     assert [int(x["epoch"]) for x in read_metrics(tmp_path / "ck")] == [1, 2]
 
 
