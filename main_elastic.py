@@ -39,7 +39,7 @@ def main(argv=None):
     launch.stop_on(args.stop_signal)  # a scheduler's warning signal, as SIGTERM
     hvd.init()
     device = devices.pick_device(hvd.local_rank(), hvd.local_size())
-    world = World(args, device)  # shares the cores, now and after every change of the world
+    world = World(args, device)  # right after init: Horovod's are the only other threads yet
 
     # Workers start and restart at any time, so no barrier (a collective) here: every
     # worker calls prepare, whose lock lets one do the work while the others wait.
