@@ -232,7 +232,7 @@ def summary(res, figures):
          + (" — **quick smoke run, not the real figures**" if res["quick"] else "") + ".",
          "Each figure is a ratio of two sides measured in the same run, alternating A B / B A; the value",
          "is the median of the per-repeat ratios, and every repeat is listed. Raw numbers: `results.json`.",
-         "To reproduce: `.venv/bin/python -m benchmarks.run` from the repository root (about 16 minutes "
+         "To reproduce: `.venv/bin/python -m benchmarks.run` from the repository root (about 50 minutes "
          "on 2 idle CPU cores;", "`--quick` is a smoke run that writes to a temporary folder).", "",
          "| | |", "|---|---|",
          f"| CPU | {m['cpu_model']}, {m['cpu_count']} cores ({m['cpus_usable']} usable) |",

@@ -1,6 +1,6 @@
 """Side-by-side benchmarks of the trainer, each figure a ratio measured in one run.
 
-    .venv/bin/python -m benchmarks.run                 # full run (about 16 min on 2 idle CPU cores)
+    .venv/bin/python -m benchmarks.run                 # full run (about 50 min on 2 idle CPU cores)
     .venv/bin/python -m benchmarks.run --quick         # smoke run (~1 min), for tests
     .venv/bin/python -m benchmarks.run --only loader_speedup,overhead   # a subset
 
