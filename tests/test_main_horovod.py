@@ -5,8 +5,9 @@ import re
 import pytest
 import torch
 
-from helpers import (ROOT, assert_ok, assert_ranks_identical, assert_states_equal, common_args, diff_blocks,
-                     last_line, load_ckpt, load_ranks, parse_eval, read_metrics, run_horovod, run_main)
+from helpers import (PY, ROOT, assert_ok, assert_ranks_identical, assert_states_equal, common_args, diff_blocks,
+                     horovod_cmd, last_line, load_ckpt, load_ranks, parse_eval, read_metrics, run, run_horovod,
+                     run_main)
 
 
 @pytest.mark.parametrize("launcher", ["gloo", "mpirun"])
@@ -202,3 +203,21 @@ def test_horovods_threads_get_the_cores_spare_time(data_dir, tmp_path):
     normal = [t for t, p in policies.items() if p == os.SCHED_OTHER]
     assert idle, policies  # Horovod's background thread at least
     assert len(normal) >= rank["torch_threads"], policies  # the compute threads are not among them
+
+
+@pytest.mark.parametrize("lever", ["normal priority", "one group", "three groups"])
+def test_the_allreduce_levers_leave_the_weights_bitwise_equal(np2_run, data_dir, tmp_path, lever):
+    # With two ranks every reduced element is a + b whichever way the gradients are fused, grouped
+    # or scheduled, so the weights must equal the default run's bit for bit; a lever that dropped,
+    # repeated or mismatched a gradient would not.
+    ck, _ = np2_run
+    args = common_args(data_dir, tmp_path / "ck", "--warmup-epochs", 1, epochs=2)
+    if lever == "normal priority":  # Horovod's threads as they ran before share_cores(spare=...)
+        cmd = horovod_cmd(2, args)
+        at = cmd.index(PY) + 1
+        cmd[at:at + 1] = ["-m", "benchmarks.normal_priority"]
+    else:
+        cmd = horovod_cmd(2, [*args, "--allreduce-groups", 1 if lever == "one group" else 3])
+    assert_ok(run(cmd))
+    assert_states_equal(load_ckpt(tmp_path / "ck" / "ckpt.pth")["model"], load_ckpt(ck / "ckpt.pth")["model"],
+                        f"{lever} and the defaults")
