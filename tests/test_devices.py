@@ -78,8 +78,11 @@ def test_threads_chosen_tells_the_users_setting_from_torchruns(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert devices.threads_chosen()  # the user's, without torchrun
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")
-    with open(f"/proc/{os.getppid()}/environ", "rb") as f:
-        parent_set_it = any(e.startswith(b"OMP_NUM_THREADS=") for e in f.read().split(b"\0"))
+    try:
+        with open(f"/proc/{os.getppid()}/environ", "rb") as f:
+            parent_set_it = any(e.startswith(b"OMP_NUM_THREADS=") for e in f.read().split(b"\0"))
+    except OSError:  # a parent not ours to read (pytest under init): the setting is kept
+        parent_set_it = True
     assert devices.threads_chosen() == parent_set_it
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     assert devices.threads_chosen()  # torchrun only ever sets 1
