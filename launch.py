@@ -8,6 +8,7 @@ recognised by name), Ctrl-C, and the stop signals: SIGTERM, which schedulers sen
 pre-emption and at time limits and launchers when they end a job, and the user signal
 `stop_on` adds. Nothing here imports Horovod or torch.distributed, parses flags, or trains.
 """
+import contextlib
 import os
 import signal
 import sys
@@ -75,9 +76,31 @@ def _ignore_stop_signals():
         signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_IGN)
 
 
+# A stop signal that arrived inside `stops_held`, raised when it ends.
+_held = {"depth": 0, "signum": None}
+
+
 def _raise_terminated(signum, frame):
+    if _held["depth"]:
+        _held["signum"] = _held["signum"] or signum
+        return
     _ignore_stop_signals()
     raise Terminated(signum)
+
+
+@contextlib.contextmanager
+def stops_held():
+    """Hold the stop signals while the body runs, and stop when it ends: the epoch's
+    checkpoint and its metrics.csv row are saved together, or neither is."""
+    _held["depth"] += 1
+    try:
+        yield
+    finally:
+        _held["depth"] -= 1
+    signum, _held["signum"] = _held["signum"], None
+    if signum is not None and not _held["depth"]:
+        _ignore_stop_signals()
+        raise Terminated(signum)
 
 
 def stop_on(name):

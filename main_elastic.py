@@ -119,8 +119,9 @@ def run_epochs(state, world, train_model, optimizer, scaler, schedule):
         history = log.add(epoch, train, test, seconds)
         ckpt = checkpoints.checkpoint_state(args, state.model, optimizer, scaler, schedule,
                                             epoch + 1, best_acc, port.size, history)
-        checkpoints.save(args, ckpt, is_best, port.reports)
-        log.write()
+        with launch.stops_held():  # a stop signal waits for both
+            checkpoints.save(args, ckpt, is_best, port.reports)
+            log.write()
         # New objects, not in-place changes: commit() keeps references.
         state.epoch, state.best_acc, state.history = epoch + 1, best_acc, history
         state.scaler, state.optimizer_state = scaler.state_dict(), True

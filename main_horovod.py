@@ -77,8 +77,9 @@ def main(argv=None):
         history = log.add(epoch, train, test, seconds)  # the epoch's line and metrics row
         state = checkpoints.checkpoint_state(args, model, optimizer, scaler, schedule, epoch + 1,
                                              best_acc, port.size, history)
-        checkpoints.save(args, state, is_best, reports)
-        log.write()  # metrics.csv after the checkpoint that holds its rows
+        with launch.stops_held():  # a stop signal waits for both
+            checkpoints.save(args, state, is_best, reports)
+            log.write()  # metrics.csv after the checkpoint that holds its rows
     log.close()
     return model, log.history
 

@@ -127,3 +127,27 @@ def test_more_stop_signals_do_not_cut_a_stop_short(capsys, monkeypatch):
     assert launch.run_cli(main, argv=[]) == 128 + signal.SIGUSR2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "interrupted by SIGUSR2" in err[0], err
+
+
+def test_a_stop_signal_waits_for_the_held_section_then_stops(capsys, monkeypatch):
+    """A SIGTERM while the epoch's checkpoint and metrics row are saved: both are written,
+    then the run stops with the same one line and status."""
+    _only(monkeypatch)
+    written = []
+
+    def main(argv):
+        with launch.stops_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)  # the handler has run by now, and held the stop
+            written.append("checkpoint")
+            written.append("metrics row")
+        written.append("next epoch")  # never reached
+
+    assert launch.run_cli(main, argv=[]) == 143
+    assert written == ["checkpoint", "metrics row"]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].endswith(": interrupted by SIGTERM; the last finished epoch is in the checkpoint"), err
+    # Outside a held section the stop is at once again.
+    with launch.stops_held():
+        pass
+    assert launch.run_cli(lambda argv: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(5)), argv=[]) == 143

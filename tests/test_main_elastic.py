@@ -180,7 +180,10 @@ def test_sigterm_to_the_driver_ends_every_worker_and_the_resume_works(data_dir, 
     assert sum(ours.values()) >= 1 and out.count("main_elastic.py: ") == sum(ours.values()), out[-3000:]
     assert "]<stderr>:Traceback" not in out, out[-3000:]  # horovodrun's own traceback has no prefix
     done = load_ckpt(ck / "ckpt.pth")["epoch"]
-    assert done >= 2 and len(read_metrics(ck)) == done
+    # A stop signal waits until the epoch's checkpoint and metrics row are both saved; only a
+    # rank 0 that Horovod ended may leave its last row unwritten (the resume rewrites it).
+    rows = len(read_metrics(ck))
+    assert done >= 2 and (rows == done or (ended_by_horovod[0] and rows == done - 1)), (done, rows)
     r = run_horovod(1, without_lr(common_args(data_dir, ck, "--resume", "--warmup-epochs", 0,
                                               "--stop-at", done + 1, epochs=UNTIL_ENDED)), "python")
     assert r.returncode == 0, r.stderr[-2000:]
