@@ -93,12 +93,14 @@ def stops_held():
     """Hold the stop signals while the body runs, and stop when it ends: the epoch's
     checkpoint and its metrics.csv row are saved together, or neither is."""
     _held["depth"] += 1
+    signum = None
     try:
         yield
-    finally:
+    finally:  # an error in the body goes on as it is; the held stop goes with it
         _held["depth"] -= 1
-    signum, _held["signum"] = _held["signum"], None
-    if signum is not None and not _held["depth"]:
+        if not _held["depth"]:
+            signum, _held["signum"] = _held["signum"], None
+    if signum is not None:
         _ignore_stop_signals()
         raise Terminated(signum)
 

@@ -151,3 +151,18 @@ def test_a_stop_signal_waits_for_the_held_section_then_stops(capsys, monkeypatch
     with launch.stops_held():
         pass
     assert launch.run_cli(lambda argv: (os.kill(os.getpid(), signal.SIGTERM), time.sleep(5)), argv=[]) == 143
+
+
+def test_an_error_in_the_held_section_is_reported_and_clears_the_held_stop(capsys, monkeypatch):
+    _only(monkeypatch)
+
+    def main(argv):
+        with launch.stops_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+            raise UsageError("the disk is full")
+
+    assert launch.run_cli(main, argv=[]) == 2
+    assert "the disk is full" in capsys.readouterr().err
+    with launch.stops_held():  # nothing left over from the section before
+        pass
