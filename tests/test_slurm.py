@@ -376,10 +376,11 @@ def assert_each_rank_stopped_once(text, trainer, name):
     """Both ranks said once why they ended, at least one by the signal; the other may have been
     reached first by its peer's leaving (Slurm signals the tasks one after another)."""
     lines, by_signal = stopped_lines(text), interrupted(trainer, name)
-    assert sorted(re.search(r"\(rank (\d)\)", ln).group(1) for ln in lines) == ["0", "1"], text
+    by_peer = [f"{trainer}: error (rank {r}): stopping because another rank failed or exited "
+               "(its error is above)" for r in (0, 1)]
+    assert len(lines) == 2 and all(sum(ln in (by_signal[r], by_peer[r]) for ln in lines) == 1
+                                   for r in (0, 1)), text
     assert any(ln in by_signal for ln in lines), text
-    assert all(ln in by_signal or ln == f"{trainer}: error (rank {ln.split('rank ')[1][0]}): stopping because "
-               "another rank failed or exited (its error is above)" for ln in lines), text
 
 
 def status_line(text):
