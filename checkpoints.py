@@ -19,7 +19,7 @@ import torch
 import data
 from errors import TrainerError, UsageError
 from layout import contiguous_state
-from recipe import RECIPE
+import recipe
 from safeio import atomic_write, hold
 
 # 2: the LR schedule's state is saved under "schedule" (format 1 called it "scheduler").
@@ -125,7 +125,7 @@ def load_model_state(model, state, path, arch_hint):
 
 def fresh_start(args):
     """Where a run without a checkpoint starts."""
-    return {"epoch": 0, "best_acc": 0.0, "schedule": {"base_lr": args.lr or RECIPE["lr"], "start_epoch": 0},
+    return {"epoch": 0, "best_acc": 0.0, "schedule": {"base_lr": args.lr or recipe.of(args)["lr"], "start_epoch": 0},
             "history": [], "optimizer_state": False, "scaler": None}
 
 
@@ -149,7 +149,7 @@ def restore(args, model, optimizer, reports=True):
     load_model_state(model, ckpt["model"], path, args.arch)
     schedule = ckpt.get("schedule") or ckpt.get("scheduler")  # format 1 said "scheduler"
     start = {"epoch": ckpt["epoch"], "best_acc": ckpt.get("best_acc", 0.0),
-             "schedule": schedule or {"base_lr": args.lr or RECIPE["lr"], "start_epoch": 0},
+             "schedule": schedule or {"base_lr": args.lr or recipe.of(args)["lr"], "start_epoch": 0},
              "history": [r for r in ckpt.get("history", []) if r["epoch"] <= ckpt["epoch"]],
              "optimizer_state": False, "scaler": ckpt.get("scaler")}
     if args.evaluate:

@@ -18,8 +18,10 @@ import torch
 import data
 import models
 from errors import UsageError
+import recipe
 from recipe import RECIPE
 
+FAST = recipe.RECIPES["fast"]
 COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 class _Parser(argparse.ArgumentParser):
@@ -34,20 +36,29 @@ def build_parser(doc):
     a("--arch", default="resnet18", type=str.lower,
       help="model name from models.MODELS, in any case: resnet18 or pytorch-cifar's ResNet18 "
            "(default: %(default)s)")
+    a("--recipe", choices=tuple(recipe.RECIPES), default="pytorch-cifar",
+      help="where --lr, --epochs, --batch-size and --label-smoothing take their defaults: "
+           "pytorch-cifar's recipe, or fast (fewer epochs of larger batches, for a GPU); a flag "
+           "given keeps its own value (default: %(default)s)")
     a("--lr", type=float, default=None,
-      help=f"base learning rate per process (default: {RECIPE['lr']} on a fresh run; with --resume, "
+      help=f"base learning rate per process (default: {RECIPE['lr']} on a fresh run, {FAST['lr']} with "
+           "--recipe fast; with --resume, "
            "the checkpoint's schedule continues unless --lr is given, which restarts the "
            "cosine from this value over the remaining epochs)")
-    a("--epochs", type=int, default=RECIPE["epochs"],
-      help="total epochs, including resumed ones (default: %(default)s)")
+    a("--epochs", type=int, default=None,
+      help=f"total epochs, including resumed ones (default: {RECIPE['epochs']}; {FAST['epochs']} with "
+           "--recipe fast)")
     a("--target-acc", type=float, default=None, metavar="ACC",
       help="end the run after the first epoch whose test accuracy reaches ACC (a fraction, e.g. "
            "0.94) and say at which epoch and after how much training time")
     a("--stop-at", type=int, default=None, metavar="EPOCH",
       help="end this run after epoch EPOCH while the schedule still spans --epochs, "
            "e.g. to fit a job's time limit; continue later with --resume")
-    a("--batch-size", type=int, default=RECIPE["batch_size"],
-      help="images per step per process (default: %(default)s)")
+    a("--batch-size", type=int, default=None,
+      help=f"images per step per process (default: {RECIPE['batch_size']}; {FAST['batch_size']} with "
+           "--recipe fast)")
+    a("--label-smoothing", type=float, default=None, metavar="EPS",
+      help=f"label smoothing of the training loss (default: 0; {FAST['label_smoothing']} with --recipe fast)")
     a("--data-dir", default="./data", help="where cifar-10-batches-py lives (default: %(default)s)")
     a("--dataset", choices=("cifar10", "synthetic"), default="cifar10",
       help="real CIFAR-10, or generated CIFAR-format data (default: %(default)s)")
@@ -144,6 +155,11 @@ def parse_args(parser, argv=None):
     """Parse and check the flags. The port's flags are checked only where the parser has them."""
     args = parser.parse_args(argv)
     port = vars(args)
+    for key, value in recipe.of(args).items():  # the chosen recipe's defaults, where no flag is given
+        if key in ("epochs", "batch_size", "label_smoothing") and port.get(key) is None:
+            port[key] = value
+    if not 0 <= args.label_smoothing < 1:
+        raise UsageError(f"--label-smoothing must be at least 0 and below 1 (got {args.label_smoothing})")
     positive = {"--epochs": args.epochs, "--batch-size": args.batch_size,
                 "--log-interval": args.log_interval,
                 "--batches-per-allreduce": port.get("batches_per_allreduce", 1)}

@@ -85,12 +85,16 @@ def main(argv=None):
 
 
 def distributed_optimizer(args, model, optimizer):  # Horovod: allreduce gradients in backward
-    return hvd.DistributedOptimizer(
+    wrapped = hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(), groups=args.allreduce_groups,
         compression=layout.GradLayout(  # channels_last gradients go as contiguous views
             hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none),
         backward_passes_per_step=args.batches_per_allreduce,  # k backward passes per allreduce
         op=hvd.Adasum if args.use_adasum else hvd.Average)
+    # The wrapper re-runs SGD.__init__ without fused=True, which loses the fused step's flag
+    # that lets GradScaler skip an inf step on the device; without it, each step reads found_inf.
+    wrapped._step_supports_amp_scaling = getattr(optimizer, "_step_supports_amp_scaling", False)
+    return wrapped
 
 
 if __name__ == "__main__":

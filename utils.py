@@ -244,7 +244,7 @@ def train_epoch(model, loader, optimizer, scaler, schedule, epoch, args, port=Po
             with model.no_sync() if hold else contextlib.nullcontext():
                 with profiler.phase("forward"), _autocast(args, device):
                     out = model(xs)
-                    loss = F.cross_entropy(out, ys)
+                    loss = F.cross_entropy(out, ys, label_smoothing=args.label_smoothing)
                 with profiler.phase("backward"):
                     scaler.scale(loss / len(parts)).backward()
             stats[0] += loss.detach().double() * len(ys)

@@ -58,17 +58,23 @@ def setup(python):
 
 
 def jobs(cfg):
-    """(name, launcher, flags, extra environment) of each job. launcher: main | hvd."""
+    """(name, launcher, flags, extra environment) of each job. launcher: main | hvd | ddp."""
     hooks = {"HOROVOD_ELASTIC": "1"}  # np=1 with the gradient hooks on, as at every np >= 2
+    bf16, fp16 = ["--amp", "--amp-dtype", "bfloat16"], ["--amp", "--amp-dtype", "float16"]
     return [
         ("main.py", "main", [], {}),
         ("main.py --no-channels-last", "main", ["--no-channels-last"], {}),
-        ("main.py --amp --amp-dtype bfloat16", "main", ["--amp", "--amp-dtype", "bfloat16"], {}),
+        ("main.py --amp --amp-dtype bfloat16", "main", bf16, {}),
+        ("main.py --amp --amp-dtype float16", "main", fp16, {}),
         ("main.py --compile", "main", ["--compile"], {}),
         ("main_horovod.py np=1", "hvd", [], {}),
         ("main_horovod.py np=1, gradient hooks on", "hvd", [], hooks),
         ("main_horovod.py np=1, hooks on, --no-channels-last", "hvd", ["--no-channels-last"], hooks),
-        ("main_horovod.py np=1, hooks on, bf16", "hvd", ["--amp", "--amp-dtype", "bfloat16"], hooks),
+        ("main_horovod.py np=1, hooks on, bf16", "hvd", bf16, hooks),
+        ("main_horovod.py np=1, hooks on, fp16", "hvd", fp16, hooks),
+        ("main_horovod.py np=1, hooks on, bf16 --compile", "hvd", [*bf16, "--compile"], hooks),
+        ("main_ddp.py np=1 (torchrun)", "ddp", [], {}),
+        ("main_ddp.py np=1 (torchrun), bf16", "ddp", bf16, {}),
     ]
 
 
@@ -82,9 +88,16 @@ def run_job(py, cfg, scratch, n, name, launcher, flags, extra, results):
     base = ["--dataset", "synthetic", "--synthetic-size", str(cfg["images"]), "--data-dir",
             os.path.join(scratch, "data"), "--arch", cfg["arch"], "--batch-size", str(cfg["batch"]),
             "--epochs", str(cfg["epochs"]), "--lr", "0.05", "--checkpoint-dir", ckpt, "--log-interval", "1000"]
-    cmd = [py, "main.py" if launcher == "main" else "main_horovod.py", *base, *flags]
+    script = {"main": "main.py", "hvd": "main_horovod.py", "ddp": "main_ddp.py"}[launcher]
+    cmd = [py, script, *base, *flags]
     if launcher == "hvd":
         cmd = [os.path.join(os.path.dirname(py), "horovodrun"), "-np", "1", "--gloo", *cmd]
+    elif launcher == "ddp":
+        cmd = [py, "-m", "torch.distributed.run", "--nproc_per_node", "1", *cmd[1:]]
+    if not os.path.exists(cmd[0]):
+        say(f"{name}: FAILED ({cmd[0]} is missing: run the set-up first)")
+        results.append({"job": name, "ok": False, "error": f"{cmd[0]} is missing", "command": shown(cmd)})
+        return False, ckpt
     t0 = time.perf_counter()
     r, rows = run_trainer(cmd, ckpt, dict(extra, **cpu_only(cfg)), cfg["timeout"], python=py)
     wall = time.perf_counter() - t0
@@ -117,6 +130,30 @@ def resume_job(py, cfg, scratch, ckpt, results):
     return ok
 
 
+SYNCS_JOB = "main_horovod.py np=1, hooks on, fp16: host syncs"
+
+
+def syncs_job(py, cfg, scratch, results, limit=8):
+    """fp16 AMP through Horovod's hooks: the host syncs of a whole epoch, counted by
+    benchmarks.host_syncs. The step loop must add none: an epoch has a fixed few (its
+    final reduction, its index upload), `limit` at most, whatever its length."""
+    name = SYNCS_JOB
+    ckpt = os.path.join(scratch, "syncs")
+    cmd = [os.path.join(os.path.dirname(py), "horovodrun"), "-np", "1", "--gloo", py, "-m",
+           "benchmarks.host_syncs", "main_horovod.py", "--dataset", "synthetic", "--synthetic-size",
+           str(cfg["images"]), "--data-dir", os.path.join(scratch, "data"), "--arch", cfg["arch"],
+           "--batch-size", str(cfg["batch"]), "--epochs", "2", "--checkpoint-dir", ckpt,
+           "--log-interval", "100000", "--amp", "--amp-dtype", "float16"]
+    r, _ = run_trainer(cmd, ckpt, {"HOROVOD_ELASTIC": "1"}, cfg["timeout"], python=py)
+    epochs = [json.loads(ln[ln.index("{"):]) for ln in r.stdout.splitlines() if '"syncs"' in ln]
+    ok = r.returncode == 0 and len(epochs) == 2 and epochs[-1]["syncs"] <= limit
+    last = epochs[-1] if epochs else {}
+    say(f"{name}: {last.get('syncs', '?')} in an epoch of {last.get('steps', '?')} steps "
+        f"({'fixed per epoch' if ok else 'FAILED: more than ' + str(limit)})")
+    results.append({"job": name, "ok": ok, "epochs": epochs, "command": shown(cmd)})
+    return ok
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -138,8 +175,8 @@ def main(argv=None):
         say("set-up failed (its error is above)")
         return 1
     quick = args.quick or args.device == "cpu"
-    cfg = dict(device=args.device, arch="lenet" if quick else "resnet18", images=200 if quick else 20000,
-               batch=32 if quick else 128, epochs=1 if quick else 3, timeout=300 if quick else 400)
+    cfg = dict(device=args.device, arch="lenet" if quick else "resnet18", images=200 if quick else 10000,
+               batch=32 if quick else 128, epochs=1 if quick else 2, timeout=300 if quick else 400)
     py = VENV_PY if os.path.exists(VENV_PY) else sys.executable
     scratch = tempfile.mkdtemp(prefix="gpu-check-")
     results, ok = [], True
@@ -150,6 +187,8 @@ def main(argv=None):
                 continue
             good, ckpts[name] = run_job(py, cfg, scratch, n, name, launcher, flags, extra, results)
             ok &= good
+        if args.device == "cuda" and not any(text in SYNCS_JOB for text in args.skip):
+            ok &= syncs_job(py, cfg, scratch, results)
         hooks_run = ckpts.get("main_horovod.py np=1, gradient hooks on")
         if hooks_run:
             ok &= os.path.exists(os.path.join(hooks_run, "ckpt.pth")) and resume_job(py, cfg, scratch,

@@ -75,13 +75,15 @@ if [ "$TORCH" = system ]; then
         "$PYTHON" -m venv --without-pip "$VENV" || die "$PYTHON -m venv failed (Debian: apt-get install python3-venv)"
     fi
     site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    # Each folder is added as a site folder, so that the .pth files in it run as they do for
+    # that Python (setuptools' distutils shim, which Horovod's build needs on Python >= 3.12).
     "$PYTHON" - > "$site/_system_torch.pth" <<'PY'
 import os, sys
 seen = set()
 for p in sys.path:  # that Python's own site folders, torch's among them
     if p.rstrip("/").endswith(("site-packages", "dist-packages")) and os.path.isdir(p) and p not in seen:
         seen.add(p)
-        print(p)
+        print(f"import site; site.addsitedir({p!r})")
 PY
     "$PY" -m pip --version >/dev/null 2>&1 || die "TORCH=system: $PYTHON has no pip; install python3-pip there"
     PIP=("$PY" -m pip install -q)
@@ -180,6 +182,9 @@ build_wheel() {
         || die "could not patch horovod/common/gloo/gloo_context.cc"
     # Fix 3: gcc 13 no longer includes <string> and <cstdint> through other headers.
     export CXXFLAGS="${CXXFLAGS:-} -include string -include cstdint"
+    # Fix 10: Horovod's CMake asks distutils for Python's headers; Python 3.12 has no distutils,
+    # and without setuptools' shim the torch module's build then misses Python.h.
+    export CPLUS_INCLUDE_PATH="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')${CPLUS_INCLUDE_PATH:+:$CPLUS_INCLUDE_PATH}"
     # Fix 4: CMake >= 4 refuses the bundled gloo's cmake_minimum_required(2.8.12).
     export CMAKE_POLICY_VERSION_MINIMUM=3.5
     # Fix 5: /usr/local/bin/nvcc may be a wrapper that misleads FindCUDAToolkit.

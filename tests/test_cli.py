@@ -4,7 +4,7 @@ import pytest
 import cli
 from errors import UsageError
 from helpers import parse
-from recipe import RECIPE
+from recipe import RECIPE, RECIPES
 
 
 def test_defaults_come_from_the_recipe():
@@ -13,6 +13,17 @@ def test_defaults_come_from_the_recipe():
         RECIPE["epochs"], RECIPE["batch_size"], RECIPE["warmup_epochs"])
     assert args.lr is None  # fresh runs take RECIPE["lr"]; a resume keeps the saved schedule
     assert f"default: {RECIPE['lr']} on a fresh run" in " ".join(cli.build_parser("").format_help().split())
+    assert args.label_smoothing == 0 and args.recipe == "pytorch-cifar"
+
+
+def test_recipe_fast_sets_the_defaults_and_flags_still_win():
+    fast = RECIPES["fast"]
+    args = parse("--recipe", "fast")
+    assert (args.epochs, args.batch_size, args.label_smoothing) == (
+        fast["epochs"], fast["batch_size"], fast["label_smoothing"])
+    assert (args.epochs, args.batch_size) != (RECIPE["epochs"], RECIPE["batch_size"])
+    args = parse("--recipe", "fast", "--epochs", "7", "--batch-size", "64", "--label-smoothing", "0")
+    assert (args.epochs, args.batch_size, args.label_smoothing) == (7, 64, 0)
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -26,6 +37,8 @@ def test_defaults_come_from_the_recipe():
     (["--stop-signal", "HUP"], "invalid choice"),
     (["--target-acc", "94"], "--target-acc is a fraction of the test set between 0 and 1"),
     (["--batch-size", "x"], "invalid int value"),
+    (["--label-smoothing", "1"], "--label-smoothing must be at least 0 and below 1"),
+    (["--recipe", "slow"], "invalid choice"),
 ])
 def test_bad_flags_are_usage_errors(argv, needle):
     with pytest.raises(UsageError, match=needle.replace("-", r"\-")):

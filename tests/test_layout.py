@@ -93,3 +93,13 @@ def test_gradient_hooks_allreduce_channels_last_gradients():
     r = subprocess.run([*run, "plain"], env=env({"HOROVOD_ELASTIC": "1"}), capture_output=True, text=True,
                        timeout=120)
     assert r.returncode != 0 and "Tensor is required to be contiguous" in r.stderr
+
+
+def test_fp16_steps_through_horovod_read_nothing_back():
+    # hvd.DistributedOptimizer re-runs SGD.__init__ without fused=True; distributed_optimizer
+    # keeps the fused step's flag, so GradScaler hands found_inf to the step instead of reading
+    # it (on a GPU, one host sync a step).
+    r = subprocess.run(probe_cmd("fp16_steps"), env=env({"HOROVOD_ELASTIC": "1"}), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["True", "0", "True"]

@@ -65,15 +65,16 @@ def test_system_torch_venv_trains_at_np2(system_clone, data_dir):
 def test_gpu_check_jobs_run_on_the_cpu(tmp_path):
     # No GPU runs in CI, so gpu-check's job list runs here on the CPU: every line must
     # report images/s, and --resume must continue the run. The variants whose flags have tests
-    # of their own (--compile, bf16, --no-channels-last) are left out to keep the suite short.
+    # of their own (--compile, bf16, fp16, --no-channels-last) are left out to keep the suite short.
     out = tmp_path / "gpu-check.json"
-    skips = ["--skip=--compile", "--skip=bf", "--skip=--no-channels-last"]
+    skips = ["--skip=--compile", "--skip=bf", "--skip=fp16", "--skip=float16", "--skip=--no-channels-last"]
     r = subprocess.run([PY, "-m", "benchmarks.gpu_check", "--device", "cpu", "--no-setup", *skips, "--out", str(out)],
                        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     lines = r.stdout.strip().splitlines()
-    assert len(lines) == 5 and all(ln.startswith("gpu-check: ") for ln in lines), lines
-    assert sum("img/s" in ln for ln in lines) == 4 and "(epoch 2 of 2)" in lines[-2], lines
+    assert len(lines) == 6 and all(ln.startswith("gpu-check: ") for ln in lines), lines
+    assert sum("img/s" in ln for ln in lines) == 5 and "(epoch 2 of 2)" in lines[-2], lines
+    assert any(ln.startswith("gpu-check: main_ddp.py np=1 (torchrun): ") for ln in lines), lines
     got = json.loads(out.read_text())
     assert got["ok"] and got["device"] == "cpu" and all(j["ok"] for j in got["jobs"])
 
