@@ -146,6 +146,7 @@ def main(argv=None):
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     res = write(args.out, device, started, runs, accuracy)
+    harness.write_gpu_section(os.path.join(os.path.dirname(args.out), "RESULTS.md"), res)
     for k, f in res["figures"].items():
         shown = "not run" if f["value"] is None else f"{f['value']:>10,.1f}"
         print(f"{k:32s} {shown:>10s}   goal {f['goal']:<10s} met {f['met']}")

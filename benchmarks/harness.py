@@ -271,5 +271,51 @@ def write_markdown(path, res, figures):
         L += [f"## {mod.NAME}", ""]
         L += [f"Skipped: {f['skipped']}.", ""] if f.get("skipped") else mod.markdown(f)
     L += ["## Notes", ""] + [f"- {n}" for n in notes(res)] + [""]
+    gpu = os.path.join(os.path.dirname(path), "results-gpu.json")
+    if os.path.exists(gpu):
+        with open(gpu) as fh:
+            L += gpu_section(json.load(fh))
     with open(path, "w") as fh:
         fh.write("\n".join(L))
+
+
+GPU_HEADING = "## On a GPU"
+
+
+def gpu_section(res):
+    """RESULTS.md's last section: benchmarks/results-gpu.json (python -m benchmarks.gpu)."""
+    L = [f"{GPU_HEADING}: {res['device']}", "",
+         f"From `results-gpu.json`, written by `python -m benchmarks.gpu` in {res['duration_s']:.0f} s "
+         f"(torch {res['machine']['torch']}, {res['machine']['cpu_count']} CPU cores). Images/s are the "
+         "trainer's own (metrics.csv, the last epoch; the first holds torch.compile's compiling). "
+         "Absolute, on one machine: machines of the same kind have differed by up to 25%.", "",
+         "| figure | value | goal | met |", "|---|---|---|---|"]
+    for name, f in res["figures"].items():
+        met = "not run" if f["met"] is None else ("yes" if f["met"] else "**no**")
+        L.append(f"| `{name}` | {fmt(f['value'])} | {f['goal']} | {met} |")
+    L += ["", "| run | images/s | command |", "|---|---|---|"]
+    for name, r in res["runs"].items():
+        env = " ".join(f"{k}={v}" for k, v in r.get("env", {}).items())
+        L.append(f"| {name} | {r['images_per_s']:.0f} | `{(env + ' ') if env else ''}{shlex.join(r['command'][1:])}` |")
+    a = res.get("accuracy")
+    if a:
+        L += ["", f"Accuracy: ResNet-18 on {a['data']}, `{shlex.join(a['command'][1:])}`: test accuracy "
+              f"{a['test_acc']:.4f} (best {a['best_test_acc']:.4f}) after {a['epochs']} epochs, "
+              f"{a['train_s']:.0f} s of training; the target {a['target']} was "
+              + (f"reached after {a['time_to_target_s']:.0f} s." if a["reached"] else "**not reached**.")]
+    c = res.get("gpu_check")
+    if c:
+        L += ["", f"`make gpu-check` on {c['device']} ({c['config']}):", ""]
+        L += [f"    {line}" for line in c["lines"]] + [""]
+        if c.get("not_reached"):
+            L += [f"Not reached: {', '.join(c['not_reached'])} ({c['why']})."]
+    return L + [""]
+
+
+def write_gpu_section(path, res):
+    """Replace RESULTS.md's GPU section (or add it) without touching the CPU figures above it."""
+    with open(path) as fh:
+        text = fh.read()
+    head = text.split("\n" + GPU_HEADING, 1)[0].rstrip("\n") + "\n\n"
+    with open(path, "w") as fh:
+        fh.write(head + "\n".join(gpu_section(res)))

@@ -155,3 +155,21 @@ def test_gpu_figures_refuse_without_a_gpu_in_one_line():
     r = subprocess.run([sys.executable, "-m", "benchmarks.gpu"], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "no CUDA GPU" in r.stderr
+
+
+def test_gpu_section_replaces_only_itself(tmp_path):
+    gpu = {"device": "GPU Y", "duration_s": 5.0, "machine": {"torch": "t", "cpu_count": 16},
+           "figures": {"main_bs128_bf16_img_s": {"value": 20000.0, "goal": ">= 35000", "met": False},
+                       "amp_over_fp32": {"value": None, "goal": ">= 1", "met": None}},
+           "runs": {"main_bs128_bf16": {"images_per_s": 20000.0, "command": ["py", "main.py", "--amp"], "env": {}}},
+           "accuracy": None}
+    md = tmp_path / "RESULTS.md"
+    md.write_text("# Benchmarks\n\ncpu figures\n")
+    harness.write_gpu_section(md, gpu)
+    gpu["device"] = "GPU Z"
+    harness.write_gpu_section(md, gpu)  # a second run replaces the section, keeps the rest
+    text = md.read_text()
+    assert text.startswith("# Benchmarks\n\ncpu figures\n\n## On a GPU: GPU Z\n") and "GPU Y" not in text
+    assert "| `main_bs128_bf16_img_s` | 20000 | >= 35000 | **no** |" in text
+    assert "| `amp_over_fp32` | n/a | >= 1 | not run |" in text
+    assert "| main_bs128_bf16 | 20000 | `main.py --amp` |" in text
