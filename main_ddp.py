@@ -34,8 +34,9 @@ def main(argv=None):
     alone = {} if "RANK" in os.environ else dict(store=dist.HashStore(), rank=0, world_size=1)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", **alone)  # join the job
     size = dist.get_world_size()  # (a lone `python main_ddp.py` is one); metric sums, LR x size
-    port = utils.Port(dist.get_rank(), size, utils.summed_copy(dist.all_reduce),
-                      args.batches_per_allreduce * size, args.batches_per_allreduce, no_sync=True)
+    port = utils.Port(rank=dist.get_rank(), size=size, allreduce=utils.summed_copy(dist.all_reduce),
+                      lr_scale=args.batches_per_allreduce * size,
+                      batches_per_allreduce=args.batches_per_allreduce, no_sync=True)
     reports = port.reports
 
     checkpoints.preflight(args, reports)
@@ -52,10 +53,7 @@ def main(argv=None):
     schedule = utils.LRSchedule(**start["schedule"], epochs=args.epochs, scale=port.lr_scale,
                                 warmup_epochs=args.warmup_epochs)  # DDP: ramp up to it
     train_model = utils.training_model(args, model, optimizer)
-    # DDP: gradients averaged during backward; BatchNorm running statistics synced at the start,
-    # then each rank's own (forward_sync_buffers=False), as under Horovod
-    ddp_model = torch.nn.parallel.DistributedDataParallel(
-        train_model, forward_sync_buffers=False, gradient_as_bucket_view=True)
+    ddp_model = distributed_model(train_model)  # DDP: gradients averaged during backward
 
     if args.evaluate:
         test = utils.evaluate(train_model, test_loader, args, port)
@@ -81,6 +79,15 @@ def main(argv=None):
             log.write()  # metrics.csv after the checkpoint that holds its rows
     log.close()
     return model, log.history
+
+
+def distributed_model(model):
+    """DDP: gradients averaged during backward; BatchNorm running statistics synced at the start,
+    then each rank's own through an epoch (forward_sync_buffers=False), as under Horovod, until
+    utils.evaluate averages them. Every parameter that requires a gradient gets one in every
+    step, so DDP need not search for unused ones (find_unused_parameters costs a graph walk)."""
+    return torch.nn.parallel.DistributedDataParallel(
+        model, forward_sync_buffers=False, gradient_as_bucket_view=True)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,11 @@ class Block(nn.Module):
         # checkpoints contain these weights, so strict loading needs them.
         self.conv1 = nn.Conv2d(in_channels, channels, kernel_size=1, bias=False)
         self.bn1 = nn.BatchNorm2d(channels)
+        if expand_ratio == 1:
+            # Never trained, so DDP (which expects a gradient for every parameter that wants
+            # one) and Horovod leave them out, and the optimizer does not decay them.
+            for p in (*self.conv1.parameters(), *self.bn1.parameters()):
+                p.requires_grad_(False)
         self.conv2 = nn.Conv2d(channels, channels, kernel_size=kernel_size, stride=stride,
                                padding=(kernel_size - 1) // 2, groups=channels, bias=False)
         self.bn2 = nn.BatchNorm2d(channels)

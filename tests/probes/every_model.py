@@ -1,0 +1,84 @@
+"""Two training steps of every registered model under a port, at the launcher's world size.
+
+    torchrun --standalone --nproc_per_node 2 tests/probes/every_model.py ddp [NAME ...]
+    horovodrun -np 2 --gloo python tests/probes/every_model.py horovod [NAME ...]
+
+One process group for the whole registry: each model is wrapped as its trainer wraps it
+(main_ddp.distributed_model, main_horovod.distributed_optimizer, with Horovod's start-up
+broadcasts), takes two SGD steps on this rank's own random batch of 2, and then every rank
+compares a checksum of each weight with rank 0's. Rank 0 prints `NAME ok` for a model
+whose weights moved, stayed finite and are the same on every rank, else `NAME FAILED: why`.
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+import cli  # noqa: E402
+import models  # noqa: E402
+import utils  # noqa: E402
+
+PORT, NAMES = sys.argv[1], sys.argv[2:] or list(models.MODELS)
+
+
+def setup():
+    """(rank, wrap(args, model, optimizer) -> (model to call, optimizer), allgather)."""
+    if PORT == "ddp":
+        import torch.distributed as dist
+        import main_ddp
+        dist.init_process_group("gloo")
+
+        def gather(t):
+            out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+            dist.all_gather(out, t)
+            return torch.stack(out)
+        return dist.get_rank(), lambda args, m, opt: (main_ddp.distributed_model(m), opt), gather
+    import horovod.torch as hvd
+    import main_horovod
+    hvd.init()
+
+    def wrap(args, model, optimizer):
+        optimizer = main_horovod.distributed_optimizer(args, model, optimizer)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        return model, optimizer
+    return hvd.rank(), wrap, lambda t: hvd.allgather(t.unsqueeze(0), name="checksums")
+
+
+def main():
+    rank, wrap, gather = setup()
+    torch.set_num_threads(1)
+    parser = cli.add_ddp_args(cli.build_parser("")) if PORT == "ddp" else cli.add_horovod_args(cli.build_parser(""))
+    for name in NAMES:
+        args = cli.parse_args(parser, ["--arch", name, "--batch-size", "2"])
+        model = utils.build_model(args, torch.device("cpu"))
+        before = [p.detach().clone() for p in model.parameters()]
+        call, optimizer = wrap(args, model, utils.make_optimizer(model))
+        scaler = utils.make_scaler(args, torch.device("cpu"))
+        for group in optimizer.param_groups:
+            group["lr"] = 0.01
+        g = torch.Generator().manual_seed(rank)
+        for _ in range(2):
+            x, y = torch.randn(2, 3, 32, 32, generator=g), torch.randint(0, 10, (2,), generator=g)
+            optimizer.zero_grad()
+            F.cross_entropy(call(x), y).backward()
+            utils.optimizer_step(optimizer, scaler)
+        params = list(model.parameters())
+        sums = torch.stack([p.detach().double().sum() for p in params])
+        every = gather(sums)
+        why = None
+        if not torch.isfinite(sums).all():
+            why = "non-finite weights"
+        elif not all(torch.equal(every[0], other) for other in every[1:]):
+            why = "ranks differ"
+        elif not any(not torch.equal(b, p) for b, p in zip(before, params) if p.requires_grad):
+            why = "no weight moved"
+        if rank == 0:
+            print(f"{name} ok" if why is None else f"{name} FAILED: {why}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
