@@ -130,62 +130,96 @@ def fresh_start(args):
 
 
 def restore(args, model, optimizer, reports=True):
-    """Load the checkpoint into model and optimizer; return where to start. The process that
-    reports (and writes) then holds --checkpoint-dir for a training run (hold_folder).
-
-    A fresh run starts at epoch 0. `optimizer_state` says whether the optimizer
-    now holds state, which the Horovod port needs to know before broadcasting it.
+    """Load the checkpoint into model and optimizer; return where to start. Three steps:
+    read_checkpoint, then (for a training run, by the process that reports) hold_folder,
+    then the schedule to continue (schedule_after). A fresh run starts at epoch 0.
+    `optimizer_state` says whether the optimizer now holds state, which the Horovod port
+    needs to know before broadcasting it.
     """
-    resume = resuming(args)
-    if not (resume or args.evaluate):
+    if not (resuming(args) or args.evaluate):
         if reports:
             hold_folder(args)
         return fresh_start(args)
     path = checkpoint_path(args)
-    ckpt = as_trainer_checkpoint(load_checkpoint(path), path)
-    if ckpt.get("arch", args.arch) != args.arch:
-        raise TrainerError(f"checkpoint {path} is for --arch {ckpt['arch']}, not {args.arch}; "
-                           f"pass --arch {ckpt['arch']}")
+    ckpt = read_checkpoint(args, path)
     load_model_state(model, ckpt["model"], path, args.arch)
-    schedule = ckpt.get("schedule") or ckpt.get("scheduler")  # format 1 said "scheduler"
     start = {"epoch": ckpt["epoch"], "best_acc": ckpt.get("best_acc", 0.0),
-             "schedule": schedule or {"base_lr": args.lr or recipe.of(args)["lr"], "start_epoch": 0},
+             "schedule": saved_schedule(args, ckpt),
              "history": [r for r in ckpt.get("history", []) if r["epoch"] <= ckpt["epoch"]],
              "optimizer_state": False, "scaler": ckpt.get("scaler")}
     if args.evaluate:
         return start  # the optimizer is not needed, so its state is neither loaded nor sent
-    last = args.stop_at or args.epochs
-    # A restarted job (--auto-resume) whose run had already ended: nothing to train, and no error.
-    ended = ckpt["epoch"] >= last and args.auto_resume
-    if ckpt["epoch"] >= args.epochs and not ended:
-        raise UsageError(f"checkpoint {path} has already finished {ckpt['epoch']} of --epochs {args.epochs}; "
-                         "pass a larger --epochs to train on")
-    if args.stop_at is not None and args.stop_at <= ckpt["epoch"] and not ended:
-        raise UsageError(f"--stop-at {args.stop_at} is not after the checkpoint's epoch {ckpt['epoch']}, "
-                         "so nothing would be trained; pass a later --stop-at")
+    ended = already_ended(args, path, ckpt["epoch"])
     if reports:  # the checkpoint is sound: from here on, this run writes into its folder
         hold_folder(args)
     if ended:
         if reports:
             print(f"{path} has finished epoch {ckpt['epoch']}: nothing left to train before "
-                  f"epoch {last}", flush=True)
+                  f"epoch {args.stop_at or args.epochs}", flush=True)
         return start
-    if ckpt.get("optimizer"):
-        # The checkpoint's hyperparameters and momentum, but this optimizer's implementation.
-        impl = [{k: g.get(k) for k in ("fused", "foreach")} for g in optimizer.param_groups]
-        optimizer.load_state_dict(ckpt["optimizer"])
-        for g, kept in zip(optimizer.param_groups, impl):
-            g.update(kept)
-        start["optimizer_state"] = True
-    # --resume --lr X: a new cosine from X over the epochs that are left. Under --auto-resume the
-    # same command starts the job and every restart, so --lr is the fresh start's and a restart
-    # continues the saved schedule, wherever it was stopped.
-    restarted = args.lr is not None and not args.auto_resume
-    if restarted:
-        start["schedule"] = {"base_lr": args.lr, "start_epoch": ckpt["epoch"]}
+    start["optimizer_state"] = load_optimizer_state(optimizer, ckpt)
+    start["schedule"], restarted = schedule_after(args, ckpt["epoch"], start["schedule"])
     if reports:  # one process says what it resumed
         print(resume_line(path, start, args, restarted, ckpt.get("imported", False)), flush=True)
     return start
+
+
+def read_checkpoint(args, path):
+    """The checkpoint at path as this trainer's dict, refused in one line if it is for another
+    --arch or holds non-finite weights (a diverged run's: resuming them trains nothing)."""
+    ckpt = as_trainer_checkpoint(load_checkpoint(path), path)
+    if ckpt.get("arch", args.arch) != args.arch:
+        raise TrainerError(f"checkpoint {path} is for --arch {ckpt['arch']}, not {args.arch}; "
+                           f"pass --arch {ckpt['arch']}")
+    bad = [k for k, v in ckpt["model"].items() if torch.is_tensor(v) and v.is_floating_point()
+           and not torch.isfinite(v).all()]
+    if bad:
+        raise TrainerError(f"checkpoint {path} holds non-finite weights ({bad[0]}), as a diverged run leaves "
+                           "them; resume from an earlier copy, or start anew with --overwrite")
+    return ckpt
+
+
+def saved_schedule(args, ckpt):
+    """The LR schedule the checkpoint was trained on (pytorch-cifar's have none: the recipe's)."""
+    schedule = ckpt.get("schedule") or ckpt.get("scheduler")  # format 1 said "scheduler"
+    return schedule or {"base_lr": args.lr or recipe.of(args)["lr"], "start_epoch": 0}
+
+
+def already_ended(args, path, done):
+    """Whether an --auto-resume restart finds its run already at its last epoch (nothing to
+    train, and no error); otherwise a resume that would train nothing is a usage error."""
+    last = args.stop_at or args.epochs
+    ended = done >= last and args.auto_resume
+    if done >= args.epochs and not ended:
+        raise UsageError(f"checkpoint {path} has already finished {done} of --epochs {args.epochs}; "
+                         "pass a larger --epochs to train on")
+    if args.stop_at is not None and args.stop_at <= done and not ended:
+        raise UsageError(f"--stop-at {args.stop_at} is not after the checkpoint's epoch {done}, "
+                         "so nothing would be trained; pass a later --stop-at")
+    return ended
+
+
+def load_optimizer_state(optimizer, ckpt):
+    """The checkpoint's hyperparameters and momentum, but this optimizer's implementation
+    (fused or foreach). Whether there was any state to load."""
+    if not ckpt.get("optimizer"):
+        return False
+    impl = [{k: g.get(k) for k in ("fused", "foreach")} for g in optimizer.param_groups]
+    optimizer.load_state_dict(ckpt["optimizer"])
+    for g, kept in zip(optimizer.param_groups, impl):
+        g.update(kept)
+    return True
+
+
+def schedule_after(args, done, saved):
+    """The schedule a resume after epoch `done` follows, and whether --lr restarted it.
+    --resume --lr X: a new cosine from X over the epochs that are left. Under --auto-resume the
+    same command starts the job and every restart, so --lr is the fresh start's and a restart
+    continues the saved schedule, wherever it was stopped."""
+    restarted = args.lr is not None and not args.auto_resume
+    if restarted:
+        return {"base_lr": args.lr, "start_epoch": done}, True
+    return saved, False
 
 
 def resume_line(path, start, args, restarted, imported=False):

@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 
-from errors import TrainerError, UsageError
+from errors import TrainerError
 
 # Where launchers give a process its rank before any init, in the order they are read:
 # horovodrun; Open MPI's mpirun; torchrun, whose workers under srun inherit the torchrun
@@ -140,9 +140,9 @@ def _exit_status(main, argv, finish, prog, where):
     except TrainerError as e:
         if "--debug" in argv:
             raise
-        # Every rank hits a usage error alike, so rank 0 alone says it. Other
-        # errors may be one rank's alone, so each says which rank it is.
-        if not isinstance(e, UsageError):
+        # An error every rank meets alike (a usage error, a divergence) is said by rank 0
+        # alone; others may be one rank's alone, so each says which rank it is.
+        if not e.every_rank:
             print(f"{prog}: error{where}: {e}", file=sys.stderr, flush=True)
         elif launcher_rank() == 0:
             print(f"{prog}: error: {e}", file=sys.stderr, flush=True)

@@ -13,7 +13,7 @@ import torch
 
 from helpers import (PY, ROOT, UNTIL_ENDED, assert_one_line_error, assert_states_equal, common_args,
                      env, horovod_cmd, is_gone, kill_rank_and_wait, last_line, load_ckpt,
-                     metrics_rows, parse_eval, probe_cmd, rank_pids, read_metrics, run_horovod,
+                     metrics_rows, parse_eval, probe_cmd, rank_pids, read_metrics, run_ddp, run_horovod,
                      run_main, wait_until, without_lr)
 
 
@@ -188,6 +188,50 @@ def test_checkpoint_with_pickled_code_is_refused(run2, data_dir, tmp_path):
     r = run_main(common_args(data_dir, run2, "--evaluate", "--checkpoint", tmp_path / "evil.pth"))
     assert_one_line_error(r, "refusing to load", code=1)
     assert not marker.exists()
+
+
+# ---------------------------------------------------------------------------
+# Divergence
+
+KEPT = ("ckpt.pth", "best.pth", "metrics.csv")
+
+
+def assert_diverged(r, port, epoch):
+    """One line from rank 0 names the epoch, the LR and the fix; the status is not 0 (3 from
+    the trainer itself; horovodrun and torchrun end with their own status and report)."""
+    assert r.returncode == 3 if port == "main" else r.returncode != 0, r.stderr[-3000:]
+    said = [ln for ln in r.stderr.splitlines() if "diverged" in ln]
+    assert len(said) == 1, r.stderr[-3000:]  # every rank stops alike; rank 0 alone says it
+    assert f"training diverged in epoch {epoch}: the training loss became nan at LR" in said[0], said
+    assert "--resume --lr" in said[0] and "--warmup-epochs" in said[0], said
+    assert "<stderr>:Traceback" not in r.stderr and "[rank0]: Traceback" not in r.stderr, r.stderr[-3000:]
+    if port == "main":
+        assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("port", ["main", "horovod", "ddp"])
+def test_a_diverged_run_stops_in_one_line_and_keeps_the_last_finite_epochs_files(run2, data_dir, tmp_path, port):
+    launch = {"main": lambda a: run_main(a), "horovod": lambda a: run_horovod(2, a), "ddp": lambda a: run_ddp(2, a)}
+    # Fresh: LR 1e12 turns the loss NaN in epoch 1, so nothing is saved.
+    fresh = tmp_path / "fresh"
+    assert_diverged(launch[port](common_args(data_dir, fresh, lr=1e12)), port, 1)
+    assert not any((fresh / f).exists() for f in KEPT[:2]), os.listdir(fresh)
+    assert not (fresh / "metrics.csv").exists() or not read_metrics(fresh)
+    # Resumed after 2 finite epochs: epoch 3 diverges, and the files stay as epoch 2 left them.
+    resumed = fresh_copy(run2, tmp_path / "resumed")
+    before = {f: (resumed / f).read_bytes() for f in KEPT}
+    assert_diverged(launch[port](common_args(data_dir, resumed, "--resume", epochs=3, lr=1e12)), port, 3)
+    assert {f: (resumed / f).read_bytes() for f in KEPT} == before, "the diverged epoch saved nothing"
+
+
+def test_checkpoint_with_non_finite_weights_is_refused(run2, data_dir, tmp_path):
+    ck = tmp_path / "ck"
+    fresh_copy(run2, ck)
+    state = load_ckpt(ck / "ckpt.pth")
+    state["model"]["conv1.weight"][0, 0, 0, 0] = float("nan")
+    torch.save(state, ck / "ckpt.pth")
+    r = run_main(common_args(data_dir, ck, "--auto-resume", epochs=3))
+    assert_one_line_error(r, "holds non-finite weights (conv1.weight)", "--overwrite", code=1)
 
 
 # ---------------------------------------------------------------------------
