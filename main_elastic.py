@@ -167,8 +167,9 @@ class World:
         devices.share_cores(self.device, hvd.local_rank(), hvd.local_size(), self.spare, self.cores)
         # main_horovod.py's port, of this world (Adasum cannot arise: cli refuses it here)
         k = self.args.batches_per_allreduce
-        self.port = utils.Port(hvd.rank(), hvd.size(), lambda t: hvd.allreduce(t, op=hvd.Sum),
-                               k * hvd.size(), k)
+        self.port = utils.Port(rank=hvd.rank(), size=hvd.size(),
+                               allreduce=lambda t: hvd.allreduce(t, op=hvd.Sum),
+                               lr_scale=k * hvd.size(), batches_per_allreduce=k)
         self.loaders = None  # free the old loaders' copies before building the new ones
         self.loaders = utils.make_loaders(self.args, *self.sets, self.device, self.port)
         self.close_log()  # rank 0 may be another process now

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 import data
 import layout
+from errors import Diverged
 import loaders
 import models
 from recipe import RECIPE
@@ -29,7 +30,7 @@ def local_sum(t):
     return t
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Port:
     """What a port differs in, as one value; `Port()` is main.py's single process.
 
@@ -92,10 +93,18 @@ def make_scaler(args, device, state=None):
 def compile_mode(args, device):
     """torch.compile's mode for --compile: on CUDA, reduce-overhead unless another is named. A
     ResNet-18 step at batch 128 takes less GPU time than its kernel launches take to issue, and
-    CUDA graphs issue them all at once (../shared/GPU.md: 37.8k images/s against 12k eager)."""
+    CUDA graphs issue them all at once (37.8k images/s against 12k eager on an H100).
+
+    Under --batches-per-allreduce > 1 the default is a mode without CUDA graphs: gradients
+    accumulated over several replays of a captured backward have open upstream reports of
+    outputs overwritten and wrong sums (pytorch#96693, pytorch#169545). cli.py refuses the
+    CUDA-graph modes by name with k > 1 for the same reason."""
     if args.compile != "auto":
         return args.compile
-    return "reduce-overhead" if device.type == "cuda" else "default"
+    if device.type != "cuda":
+        return "default"
+    accumulates = getattr(args, "batches_per_allreduce", 1) > 1
+    return "max-autotune-no-cudagraphs" if accumulates else "reduce-overhead"
 
 
 def training_model(args, model, optimizer):
@@ -256,15 +265,50 @@ def train_epoch(model, loader, optimizer, scaler, schedule, epoch, args, port=Po
         bar.update(1)
         if (step + 1) % args.log_interval == 0 and step + 1 < steps:
             loss_sum, correct, n = port.allreduce(stats).tolist()
+            check_finite(loss_sum / n, epoch, lr)
             progress.interval(bar, desc, step + 1, steps, loss=loss_sum / n, acc=correct / n, lr=lr)
     bar.close()
     loss_sum, correct, n = port.allreduce(stats).tolist()
+    check_finite(loss_sum / max(n, 1), epoch, lr)
     return {"loss": loss_sum / max(n, 1), "acc": correct / max(n, 1), "images": int(n), "lr": lr}
+
+
+def check_finite(loss, epoch, lr):
+    """Stop a diverged run (Diverged) before its epoch is evaluated or saved. It reads the
+    reduced loss the loop has already read back, so it adds no sync; every rank holds the
+    same value and stops alike. Only the loss counts: steps that an fp16 GradScaler skips
+    for inf gradients are its normal work."""
+    if math.isfinite(loss):
+        return
+    raise Diverged(f"training diverged in epoch {epoch + 1}: the training loss became {loss} at LR {lr:.4g}; "
+                   "nothing of this epoch was saved. Resume from the last checkpoint with a smaller LR "
+                   "(--resume --lr ...), a longer --warmup-epochs, or fewer processes")
+
+
+@torch.no_grad()
+def average_batchnorm(model, port=Port()):
+    """Every rank's BatchNorm running statistics replaced by their mean over the ranks, in one
+    reduction. Each rank updates its own from its own batches (neither Horovod nor the DDP port
+    syncs them), so without this the ranks would evaluate slightly different models and the
+    checkpoint would hold only rank 0's. The mean (timm's distribute_bn convention) estimates
+    from all ranks' batches, where rank 0's would use a 1/size share of them. Nothing to do
+    for one process, or under --sync-bn, where the ranks' statistics are already the same."""
+    stats = [b for name, b in model.named_buffers() if name.endswith(("running_mean", "running_var"))]
+    if port.size == 1 or not stats:
+        return
+    flat = torch.cat([b.detach().double().flatten() for b in stats])
+    mean = port.allreduce(flat) / port.size
+    for b, part in zip(stats, mean.split([b.numel() for b in stats])):
+        b.copy_(part.view_as(b))
 
 
 @torch.no_grad()
 def evaluate(model, loader, args, port=Port()):
-    """Exact test metrics: each rank sums over its disjoint shard, one reduction at the end."""
+    """Exact test metrics: each rank sums over its disjoint shard, one reduction at the end.
+    The ranks first agree on BatchNorm's running statistics (average_batchnorm), so the
+    figures are those of the one model every rank holds and the checkpoint saves."""
+    if not getattr(args, "sync_bn", False):
+        average_batchnorm(model, port)
     model.eval()
     device = next(model.parameters()).device
     fmt = layout.memory_format(args, device)

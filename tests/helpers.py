@@ -116,6 +116,18 @@ def run_ddp(np_, args, probe=None, launcher="torchrun", **kw):
     return run(ddp_cmd(np_, args, probe, launcher), **kw)
 
 
+def elastic_cmd(slots_file, np_, min_np, max_np, args, gloo_timeout=None):
+    """main_elastic.py under horovodrun's elastic driver on this host, its slots read from
+    slots_file by scripts/discover_hosts.sh. The interface is named, or the driver waits for
+    a second host to find one."""
+    discover = os.path.join(ROOT, "scripts", "discover_hosts.sh")
+    cmd = [os.path.join(BIN, "horovodrun"), "-np", str(np_), "--min-np", str(min_np), "--max-np", str(max_np),
+           "--host-discovery-script", f"{discover} {slots_file}", "--network-interface", "lo"]
+    if gloo_timeout:
+        cmd += ["--gloo-timeout-seconds", str(gloo_timeout)]
+    return cmd + [PY, "main_elastic.py", *map(str, args)]
+
+
 def assert_ok(r):
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     return r

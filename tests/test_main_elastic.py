@@ -17,24 +17,14 @@ import os
 import signal
 
 
-from helpers import (BIN, PY, ROOT, UNTIL_ENDED, assert_states_equal, common_args, is_gone, load_ckpt,
+from helpers import (UNTIL_ENDED, assert_states_equal, common_args, elastic_cmd, is_gone, load_ckpt,
                      metrics_rows, rank_pids, read_metrics, run_horovod, trainer_pids, wait_until, without_lr)
 
-DISCOVER = os.path.join(ROOT, "scripts", "discover_hosts.sh")
 EPOCHS = 6
 JOB_TIMEOUT = 100  # seconds for a whole elastic job
 # Small batches make an epoch take about a second at np=3 on 2 cores, so the change
 # lands mid-run; the LR is low enough for LeNet not to diverge on them.
 TRAIN = dict(epochs=EPOCHS, batch=8, lr=0.01)
-
-
-def elastic_cmd(slots_file, np_, min_np, max_np, args, gloo_timeout=None):
-    # One host: name its interface, or the driver waits for a second host to find one.
-    cmd = [os.path.join(BIN, "horovodrun"), "-np", str(np_), "--min-np", str(min_np), "--max-np", str(max_np),
-           "--host-discovery-script", f"{DISCOVER} {slots_file}", "--network-interface", "lo"]
-    if gloo_timeout:
-        cmd += ["--gloo-timeout-seconds", str(gloo_timeout)]
-    return cmd + [PY, "main_elastic.py", *map(str, args)]
 
 
 def wait_for_epochs(job, ckpt_dir, n, timeout=60):

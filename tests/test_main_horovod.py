@@ -132,13 +132,17 @@ def test_fp16_allreduce_batches_per_allreduce_and_amp(data_dir, tmp_path):
     row = read_metrics(tmp_path)[0]
     assert float(row["lr"]) == pytest.approx(0.01 * 2 * 2)  # scaled by size x batches per allreduce
     assert int(float(row["images_per_s"]) * float(row["epoch_time_s"]) + 0.5) == 500
-    state = load_ckpt(tmp_path / "ckpt.pth")
-    assert state["scaler"]["scale"] > 0, "the GradScaler's state is in the checkpoint"
+    # The checkpoint holds the trained GradScaler's state, not a fresh one's (scale 2**16, no
+    # steps counted): 250 images a rank at batch 16 and k=2 make 8 steps, and every one either
+    # grew its tracker or, skipped for inf gradients, halved the scale.
+    scaler = load_ckpt(tmp_path / "ckpt.pth")["scaler"]
+    assert scaler["scale"] < 2.0 ** 16 or scaler["_growth_tracker"] == 8, scaler
 
 
 def test_twin_diff_is_only_the_port():
     blocks = diff_blocks("main.py", "main_horovod.py")
-    assert sum(len(old) + len(new) for old, new in blocks) <= 40
+    # Joining, placing, broadcasting, the optimizer wrapper and --sweep's dispatch: about 50 lines.
+    assert sum(len(old) + len(new) for old, new in blocks) <= 52
     untagged = [new for old, new in blocks if not any("# Horovod:" in ln for ln in new)]
     assert not untagged, f"every changed block says why with a '# Horovod:' comment: {untagged}"
     for f in ("main.py", "main_horovod.py", "main_elastic.py"):
