@@ -95,7 +95,8 @@ def build_parser(doc):
     a("--compile", nargs="?", const="auto", default=None, choices=COMPILE_MODES, metavar="MODE",
       help="torch.compile the model; MODE is torch.compile's: reduce-overhead (CUDA graphs, the "
            "fastest for small steps; CUDA only), default, max-autotune, max-autotune-no-cudagraphs "
-           "(without MODE: reduce-overhead on CUDA, default on the CPU)")
+           "(without MODE: reduce-overhead on CUDA, max-autotune-no-cudagraphs there under "
+           "--batches-per-allreduce > 1, default on the CPU)")
     a("--log-interval", type=int, default=50,
       help="steps between progress-bar updates; each reduces metrics once (default: %(default)s)")
     a("--profile-steps", type=int, default=0, metavar="N",
@@ -134,7 +135,24 @@ def add_horovod_args(p):
     g.add_argument("--allreduce-groups", type=int, default=None, metavar="N",
                    help="allreduce the gradients in N grouped requests per step instead of one per "
                         "tensor (DistributedOptimizer's groups; default: one per tensor)")
+    g.add_argument("--sweep", action="append", type=sweep_axis, metavar="FLAG=V1,V2,...",
+                   help="main_horovod.py under MPI: train one independent run per combination of the "
+                        "values (repeat --sweep for a product), each on an equal share of the processes, "
+                        f"in CHECKPOINT_DIR/<run>/, summed up in CHECKPOINT_DIR/sweep.csv; FLAG is one of "
+                        f"{', '.join(SWEEPABLE)}")
     return p
+
+
+SWEEPABLE = ("lr", "seed", "batch-size", "warmup-epochs", "arch", "epochs", "label-smoothing")
+
+
+def sweep_axis(text):
+    """--sweep FLAG=V1,V2,...: (FLAG without its dashes, [values as given])."""
+    flag, sep, values = text.partition("=")
+    flag = flag.removeprefix("--")
+    if not sep or flag not in SWEEPABLE or not all(values.split(",")):
+        raise argparse.ArgumentTypeError(f"--sweep takes FLAG=V1,V2,... with FLAG one of {', '.join(SWEEPABLE)}")
+    return flag, values.split(",")
 
 
 def add_elastic_args(p):
@@ -186,6 +204,10 @@ def parse_args(parser, argv=None):
     if port.get("sync_bn") and not torch.cuda.is_available():
         raise UsageError("--sync-bn needs CUDA: SyncBatchNorm (Horovod's and PyTorch's) runs on GPUs "
                          "only; drop it on CPU")
+    if args.compile in ("reduce-overhead", "max-autotune") and port.get("batches_per_allreduce", 1) > 1:
+        raise UsageError(f"--compile {args.compile} captures CUDA graphs, whose gradients are not to be "
+                         "trusted when they accumulate over --batches-per-allreduce > 1; use --compile alone "
+                         "(which then picks max-autotune-no-cudagraphs) or --batches-per-allreduce 1")
     if args.compile in ("reduce-overhead", "max-autotune") and not torch.cuda.is_available():
         raise UsageError(f"--compile {args.compile} captures CUDA graphs and needs CUDA; on the CPU "
                          "use --compile (default mode) or --compile max-autotune-no-cudagraphs")
@@ -193,7 +215,16 @@ def parse_args(parser, argv=None):
         raise UsageError("--resume and --evaluate do not go together: --evaluate reads the checkpoint on its own")
     if sum((args.resume, args.auto_resume, args.overwrite)) > 1:
         raise UsageError("--resume, --auto-resume and --overwrite do not go together: pick one")
+    if port.get("sweep"):
+        flags = [flag for flag, _ in args.sweep]
+        if len(set(flags)) < len(flags):
+            raise UsageError("each --sweep FLAG may come once; give all its values in one list")
+        if args.evaluate or args.checkpoint:
+            raise UsageError("--sweep trains a run per folder; evaluate a run with main.py --evaluate "
+                             "--checkpoint-dir CHECKPOINT_DIR/<run>")
     if getattr(parser, "elastic", False):
+        if port.get("sweep"):
+            raise UsageError("--sweep needs MPI, and elastic runs use gloo; use main_horovod.py for sweeps")
         if args.evaluate:
             raise UsageError("main_elastic.py only trains; evaluate with main.py --evaluate")
         if args.use_adasum:

@@ -21,20 +21,25 @@ import horovod.torch as hvd  # Horovod: the PyTorch binding; main.py runs withou
 import launch
 import layout  # Horovod: its collectives take contiguous tensors only
 import runlog
+import sweep  # Horovod: --sweep, one MPI job as many runs
 import utils
 
 
-def main(argv=None):
+def main(argv=None, comm=None):
     args = cli.parse_args(cli.add_horovod_args(cli.build_parser(__doc__)), argv)  # Horovod: flags
+    if args.sweep and comm is None:  # Horovod: each group of ranks calls main with its comm
+        return sweep.run(main, args, argv)
     launch.stop_on(args.stop_signal)  # a scheduler's warning signal, as SIGTERM
-    hvd.init()  # Horovod: join the job; rank and size are plain values from here on
-    device = devices.pick_device(hvd.local_rank(), hvd.local_size())  # one GPU per process, or a
-    devices.share_cores(device, hvd.local_rank(), hvd.local_size(), spare=devices.other_threads())
+    hvd.init(comm)  # Horovod: join the job (a sweep run: its group); rank, size are plain values
+    slot = sweep.node_slot() if comm else (hvd.local_rank(), hvd.local_size())  # place on the host:
+    device = devices.pick_device(*slot)  # one GPU per process, or a share of the cores
+    devices.share_cores(device, *slot, spare=devices.other_threads())
     cli.check_adasum(args, hvd.size(), hvd.mpi_enabled())  # Horovod: Adasum's own limits
     local = hvd.local_size() if device.type == "cuda" and hvd.nccl_built() else 1  # NCCL's mean
-    port = utils.Port(hvd.rank(), hvd.size(), lambda t: hvd.allreduce(t, op=hvd.Sum),  # metrics,
-                      args.batches_per_allreduce * (local if args.use_adasum else hvd.size()),
-                      args.batches_per_allreduce, adasum=args.use_adasum)  # LR x size
+    port = utils.Port(  # Horovod: metrics summed over the ranks, the LR x their number
+        rank=hvd.rank(), size=hvd.size(), allreduce=lambda t: hvd.allreduce(t, op=hvd.Sum),
+        lr_scale=args.batches_per_allreduce * (local if args.use_adasum else hvd.size()),
+        batches_per_allreduce=args.batches_per_allreduce, adasum=args.use_adasum)
     reports = port.reports
 
     checkpoints.preflight(args, reports)

@@ -7,21 +7,22 @@ from helpers import parse
 from recipe import RECIPE, RECIPES
 
 
-def test_defaults_come_from_the_recipe():
+def test_defaults_are_pytorch_cifars_recipe():
+    # kuangliu/pytorch-cifar's main.py: SGD LR 0.1, momentum 0.9, weight decay 5e-4, batch 128,
+    # 200 epochs of cosine annealing, crop padding 4; the ports add a 5-epoch warm-up.
+    assert RECIPE == dict(lr=0.1, momentum=0.9, weight_decay=5e-4, batch_size=128, epochs=200, crop_padding=4,
+                          warmup_epochs=5, label_smoothing=0.0)
     args = parse(port="horovod")
-    assert (args.epochs, args.batch_size, args.warmup_epochs) == (
-        RECIPE["epochs"], RECIPE["batch_size"], RECIPE["warmup_epochs"])
-    assert args.lr is None  # fresh runs take RECIPE["lr"]; a resume keeps the saved schedule
-    assert f"default: {RECIPE['lr']} on a fresh run" in " ".join(cli.build_parser("").format_help().split())
-    assert args.label_smoothing == 0 and args.recipe == "pytorch-cifar"
+    assert (args.epochs, args.batch_size, args.warmup_epochs, args.label_smoothing) == (200, 128, 5, 0)
+    assert args.lr is None  # fresh runs take the recipe's 0.1; a resume keeps the saved schedule
+    assert "default: 0.1 on a fresh run" in " ".join(cli.build_parser("").format_help().split())
+    assert args.recipe == "pytorch-cifar"
 
 
 def test_recipe_fast_sets_the_defaults_and_flags_still_win():
-    fast = RECIPES["fast"]
+    assert RECIPES["fast"] == dict(RECIPE, lr=0.2, batch_size=512, epochs=50, label_smoothing=0.1)
     args = parse("--recipe", "fast")
-    assert (args.epochs, args.batch_size, args.label_smoothing) == (
-        fast["epochs"], fast["batch_size"], fast["label_smoothing"])
-    assert (args.epochs, args.batch_size) != (RECIPE["epochs"], RECIPE["batch_size"])
+    assert (args.epochs, args.batch_size, args.label_smoothing) == (50, 512, 0.1)
     args = parse("--recipe", "fast", "--epochs", "7", "--batch-size", "64", "--label-smoothing", "0")
     assert (args.epochs, args.batch_size, args.label_smoothing) == (7, 64, 0)
 
@@ -76,6 +77,19 @@ def test_compile_modes():
         parse("--compile", "fastest")
 
 
+@pytest.mark.parametrize("port", ["horovod", "ddp"])
+def test_compile_without_cuda_graphs_when_gradients_accumulate(port):
+    import torch
+    import utils
+    k2 = parse("--compile", "--batches-per-allreduce", "2", port=port)
+    assert utils.compile_mode(k2, torch.device("cuda")) == "max-autotune-no-cudagraphs"
+    assert utils.compile_mode(k2, torch.device("cpu")) == "default"
+    assert utils.compile_mode(parse("--compile", port=port), torch.device("cuda")) == "reduce-overhead"
+    for mode in ("reduce-overhead", "max-autotune"):  # named, with k > 1: one line, on any machine
+        with pytest.raises(UsageError, match=f"--compile {mode} captures CUDA graphs, whose gradients"):
+            parse("--compile", mode, "--batches-per-allreduce", "2", port=port)
+
+
 def test_shared_distributed_flags_mean_the_same_in_both_ports():
     hvd = parse("--batches-per-allreduce", "2", port="horovod")
     ddp = parse("--batches-per-allreduce", "2", port="ddp")
@@ -108,3 +122,19 @@ def test_arch_takes_pytorch_cifars_spelling():
     assert parse("--arch", "PreActResNet18").arch == "preactresnet18"
     assert parse("--arch", "RegNetX_200MF").arch == "regnetx_200mf"
     assert "{resnet18" not in cli.build_parser("").format_help()  # --help: one spelling, no choices list
+
+
+def test_sweep_lists_and_their_checks():
+    args = parse("--sweep", "lr=0.05,0.1", "--sweep=seed=0,1,2", port="horovod")
+    assert args.sweep == [("lr", ["0.05", "0.1"]), ("seed", ["0", "1", "2"])]
+    for argv, needle in [(["--sweep", "momentum=0.8,0.9"], "FLAG one of lr, seed, batch-size"),
+                         (["--sweep", "lr"], "FLAG=V1,V2"),
+                         (["--sweep", "lr=0.1,"], "FLAG=V1,V2"),
+                         (["--sweep", "lr=0.1", "--sweep", "lr=0.2"], "each --sweep FLAG may come once"),
+                         (["--sweep", "lr=0.1,0.2", "--evaluate"], "evaluate a run with main.py --evaluate")]:
+        with pytest.raises(UsageError, match=needle):
+            parse(*argv, port="horovod")
+    with pytest.raises(UsageError, match="elastic runs use gloo; use main_horovod.py for sweeps"):
+        parse("--sweep", "lr=0.1,0.2", port="elastic")
+    with pytest.raises(UsageError, match="unrecognized arguments: --sweep"):
+        parse("--sweep", "lr=0.1,0.2", port="ddp")

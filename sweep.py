@@ -1,0 +1,180 @@
+"""--sweep: one MPI job split into independent Horovod runs, one per combination of values.
+
+    mpirun -np 8 python main_horovod.py --arch resnet18 --sweep lr=0.05,0.1,0.2,0.4 --sweep seed=0,1
+
+The product of the --sweep lists makes the runs (here 8). mpi4py splits MPI.COMM_WORLD into
+as many equal groups of consecutive ranks, and each group trains one run as an ordinary
+main_horovod.py run of its own: hvd.init(comm=group), its files in CHECKPOINT_DIR/<run>/
+(ckpt.pth, best.pth, metrics.csv, tb/, curves.png). The sweep adds --auto-resume (unless
+--resume or --overwrite is given), so every run resumes alone, and a re-submitted sweep
+continues the runs that are not finished and trains nothing more of those that are. World
+rank 0 gathers every run's outcome and writes CHECKPOINT_DIR/sweep.csv and sweep.png.
+
+A run that fails alike on all of its ranks (a divergence, a value that does not suit it)
+ends its own group; the other runs go on, and the job exits 1 at the end. A crash of one
+rank, and a stop signal, end the whole job, as they end any run; each run keeps its last
+finished epoch.
+"""
+import csv
+import io
+import itertools
+import os
+import statistics
+import sys
+
+import cli
+from errors import RunsFailed, TrainerError, UsageError
+import safeio
+
+COLUMNS = ("run", "status", "epochs", "final_test_acc", "best_test_acc", "train_time_s")
+
+
+def combinations(axes):
+    """The runs of --sweep's lists: [(name, [(flag, value), ...])], the last list varying fastest.
+    The name (e.g. lr0.1_seed1) is the run's folder under --checkpoint-dir."""
+    flags = [flag for flag, _ in axes]
+    runs = []
+    for values in itertools.product(*(values for _, values in axes)):
+        combo = list(zip(flags, values))
+        runs.append(("_".join(f"{flag}{value}" for flag, value in combo), combo))
+    return runs
+
+
+def run_argv(args, argv, name, combo):
+    """The flags of one run: the job's, then the run's values and folder (the last wins)."""
+    extra = [f"--{flag}={value}" for flag, value in combo]
+    extra += ["--checkpoint-dir", os.path.join(args.checkpoint_dir, name)]
+    if not (args.resume or args.auto_resume or args.overwrite):
+        extra.append("--auto-resume")
+    return [*argv, *extra]
+
+
+def node_slot():
+    """This process's rank among the job's processes on its host, and their number: the GPU and
+    the cores it takes. Under hvd.init(comm=group), hvd.local_rank() counts within the group,
+    so two runs on one host would both take GPU 0."""
+    from mpi4py import MPI
+    node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_rank(), node.Get_size()
+    finally:
+        node.Free()
+
+
+def check_controller():
+    """The split needs Horovod on MPI; the gloo controller has no communicator to split."""
+    import horovod.torch as hvd
+    if os.environ.get("HOROVOD_CONTROLLER") == "gloo" or not hvd.mpi_built():
+        raise UsageError("--sweep splits an MPI job with mpi4py and this job runs on Horovod's gloo "
+                         "controller; launch with mpirun, srun --mpi=pmix or horovodrun --mpi")
+
+
+def run(main, args, argv):
+    """Train this process's run of the sweep in its group, then gather every run's outcome on
+    world rank 0, which writes sweep.csv and sweep.png. Every check that can fail for the whole
+    sweep runs on every rank before any work, so all stop alike with one line."""
+    import horovod.torch as hvd
+    argv = list(sys.argv[1:] if argv is None else argv)
+    check_controller()
+    runs = combinations(args.sweep)
+    parser = cli.add_horovod_args(cli.build_parser(""))
+    for name, combo in runs:  # every run's flags are sound, or nothing starts
+        cli.parse_args(parser, run_argv(args, argv, name, combo))
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    if world.Get_size() % len(runs):
+        raise UsageError(f"--sweep makes {len(runs)} runs, which do not divide the {world.Get_size()} "
+                         f"processes; launch a multiple of {len(runs)} (mpirun -np {len(runs)} or more)")
+    per_run = world.Get_size() // len(runs)
+    index = world.Get_rank() // per_run
+    group = world.Split(index, world.Get_rank())
+    name, combo = runs[index]
+    outcome = {"run": name, **{flag: value for flag, value in combo}}
+    try:
+        _, history = main(run_argv(args, argv, name, combo), comm=group)
+        outcome.update(summary(history), status="finished")
+    except TrainerError as e:
+        outcome.update(status=f"failed: {e}")
+        if group.Get_rank() == 0:
+            print(f"{os.path.basename(sys.argv[0])}: error: run {name}: {e}", file=sys.stderr, flush=True)
+    hvd.shutdown()  # this run's Horovod; the other runs may still be training
+    outcomes = world.gather(outcome if group.Get_rank() == 0 else None, root=0)
+    group.Free()
+    failed = 0
+    if world.Get_rank() == 0:
+        rows = [o for o in outcomes if o is not None]
+        write_summary(args.checkpoint_dir, [flag for flag, _ in args.sweep], rows)
+        failed = sum(not r["status"].startswith("finished") for r in rows)
+    failed = world.bcast(failed, root=0)
+    if failed:
+        raise RunsFailed(f"{failed} of {len(runs)} runs failed (their errors are above, and their rows in "
+                         f"{os.path.join(args.checkpoint_dir, 'sweep.csv')}); the others finished")
+
+
+def summary(history):
+    """A finished run's figures, from its metric rows."""
+    if not history:
+        return {"epochs": 0}
+    return {"epochs": history[-1]["epoch"], "final_test_acc": history[-1]["test_acc"],
+            "best_test_acc": max(r["test_acc"] for r in history),
+            "train_time_s": history[-1].get("train_time_s")}
+
+
+def write_summary(folder, flags, rows):
+    """sweep.csv (one row per run, written atomically), sweep.png, and the table on stdout."""
+    os.makedirs(folder, exist_ok=True)
+    columns = ["run", *flags, *COLUMNS[1:]]
+    text = io.StringIO()
+    writer = csv.DictWriter(text, columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    safeio.atomic_write(os.path.join(folder, "sweep.csv"), lambda f: f.write(text.getvalue().encode()))
+    settings = by_setting(flags, rows)
+    print(table(settings), flush=True)
+    plot(os.path.join(folder, "sweep.png"), settings)
+
+
+def by_setting(flags, rows):
+    """[(setting, final accuracies of its finished runs, runs)]: runs that differ only in their
+    seed share a setting, so their spread is the error bar."""
+    keep = [f for f in flags if f != "seed"]
+    groups = {}
+    for r in rows:
+        setting = " ".join(f"{f}={r[f]}" for f in keep) or "all runs"
+        groups.setdefault(setting, []).append(r)
+    return [(s, [r["final_test_acc"] for r in rs if r["status"] == "finished"], rs) for s, rs in groups.items()]
+
+
+def mean_std(accs):
+    if not accs:
+        return "failed"
+    if len(accs) == 1:
+        return f"{accs[0]:.4f}"
+    return f"{statistics.mean(accs):.4f} ± {statistics.stdev(accs):.4f}"
+
+
+def table(settings):
+    """The end-of-sweep table: final test accuracy per setting, mean ± std over its seeds."""
+    width = max(len(s) for s, _, _ in settings)
+    lines = [f"{'setting':<{width}}  runs  final test acc", f"{'-' * width}  ----  --------------"]
+    for s, accs, rs in settings:
+        failed = len(rs) - len(accs)
+        lines.append(f"{s:<{width}}  {len(rs):>4}  {mean_std(accs)}" + (f"  ({failed} failed)" if failed else ""))
+    return "\n".join(lines)
+
+
+def plot(path, settings):
+    """sweep.png: final test accuracy by setting, error bars of one std over seeds."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(max(4, 1 + 0.8 * len(settings)), 3.5))
+    for i, (_, accs, _) in enumerate(settings):
+        if accs:
+            ax.errorbar(i, statistics.mean(accs), yerr=statistics.stdev(accs) if len(accs) > 1 else 0,
+                        fmt="o", capsize=4, color="C0")
+    ax.set_xticks(range(len(settings)), [s for s, _, _ in settings], rotation=30, ha="right")
+    ax.set_ylabel("final test accuracy")
+    fig.tight_layout()
+    safeio.atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=80))
+    plt.close(fig)

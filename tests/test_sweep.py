@@ -1,0 +1,97 @@
+"""--sweep (sweep.py): one MPI job split by mpi4py into independent Horovod runs.
+
+mpirun -np 4 with two runs of two ranks each: a run is bitwise the same run trained alone with
+horovodrun -np 2 --mpi (the same controller), a run that diverges ends alone while the other
+finishes, and the job's status says a run failed. A sweep stopped part-way (--stop-at) and
+submitted again continues each run from its own checkpoint, and once more trains nothing.
+The process a sweep run places on a host is chosen by its rank among all of the job's processes
+there, not by hvd.local_rank(), which counts within its group. Bad sweeps stop before any work.
+"""
+import csv
+
+from helpers import (PY, ROOT, assert_ok, assert_states_equal, common_args, horovod_cmd, load_ckpt,
+                     read_metrics, run, run_horovod)
+
+# Two ranks per run on this 2-core machine: each rank gets one thread, alone or in the sweep.
+RUN_COLS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "world_size")
+
+
+def sweep_rows(ck):
+    with open(ck / "sweep.csv") as f:
+        return {r["run"]: r for r in csv.DictReader(f)}
+
+
+def test_each_run_is_the_run_alone_and_a_diverged_run_ends_alone(data_dir, tmp_path):
+    ck, alone = tmp_path / "sweep", tmp_path / "alone"
+    r = run(horovod_cmd(4, [*common_args(data_dir, ck), "--sweep", "lr=0.05,1e12"], "mpirun"), timeout=300)
+    assert r.returncode != 0, r.stdout[-2000:]
+    errors = [ln for ln in r.stderr.splitlines() if "main_horovod.py: error" in ln]
+    assert len(errors) == 2, r.stderr[-3000:]  # the run's own line, then the job's
+    assert errors[0].startswith("main_horovod.py: error: run lr1e12: training diverged in epoch 1")
+    assert "1 of 2 runs failed" in errors[1] and "Traceback" not in r.stderr
+    rows = sweep_rows(ck)
+    assert rows["lr0.05"]["status"] == "finished" and rows["lr0.05"]["epochs"] == "2"
+    assert rows["lr1e12"]["status"].startswith("failed: training diverged")
+    assert not (ck / "lr1e12" / "ckpt.pth").exists() and (ck / "sweep.png").stat().st_size > 0
+    assert "lr=0.05     1  " in r.stdout, r.stdout[-2000:]  # the table
+    # The finished run, bitwise, is the same flags trained alone at np=2.
+    assert_ok(run_horovod(2, common_args(data_dir, alone), "mpi"))
+    assert_states_equal(load_ckpt(ck / "lr0.05" / "ckpt.pth")["model"], load_ckpt(alone / "ckpt.pth")["model"],
+                        "sweep run and the run alone")
+    assert [[x[c] for c in RUN_COLS] for x in read_metrics(ck / "lr0.05")] == \
+        [[x[c] for c in RUN_COLS] for x in read_metrics(alone)]
+    assert float(rows["lr0.05"]["final_test_acc"]) == float(read_metrics(alone)[-1]["test_acc"])
+
+
+def test_a_resubmitted_sweep_continues_each_run_and_then_trains_nothing(data_dir, tmp_path):
+    ck = tmp_path / "ck"
+    cmd = [*common_args(data_dir, ck, epochs=3), "--sweep", "seed=0,1"]
+    assert_ok(run(horovod_cmd(2, [*cmd, "--stop-at", 1], "mpirun"), timeout=300))
+    assert {name: r["epochs"] for name, r in sweep_rows(ck).items()} == {"seed0": "1", "seed1": "1"}
+    first = {s: read_metrics(ck / s) for s in ("seed0", "seed1")}
+    r = assert_ok(run(horovod_cmd(2, cmd, "mpirun"), timeout=300))
+    assert r.stdout.count("after epoch 1, best test acc") == 2, r.stdout[-2000:]  # each resumed
+    for s in ("seed0", "seed1"):
+        rows = read_metrics(ck / s)
+        assert [x["epoch"] for x in rows] == ["1", "2", "3"] and rows[:1] == first[s]
+    assert first["seed0"][0]["train_loss"] != first["seed1"][0]["train_loss"], "the seeds differ"
+    assert "all runs     2  " in r.stdout, r.stdout[-2000:]  # seeds of one setting: mean ± std
+    assert " ± " in r.stdout
+    done = {s: (ck / s / "ckpt.pth").read_bytes() for s in ("seed0", "seed1")}
+    r = assert_ok(run(horovod_cmd(2, cmd, "mpirun"), timeout=300))
+    assert r.stdout.count("nothing left to train") == 2, r.stdout[-2000:]
+    assert {s: (ck / s / "ckpt.pth").read_bytes() for s in done} == done
+    assert {name: r["status"] for name, r in sweep_rows(ck).items()} == {"seed0": "finished", "seed1": "finished"}
+
+
+PLACE = """
+import sys
+import horovod.torch as hvd
+from mpi4py import MPI
+import sweep
+rank = MPI.COMM_WORLD.Get_rank()
+hvd.init(comm=MPI.COMM_WORLD.Split(rank, 0))
+with open(f"{sys.argv[1]}/rank{rank}", "w") as f:
+    print(hvd.size(), hvd.local_rank(), *sweep.node_slot(), file=f)
+"""
+
+
+def test_sweep_runs_on_one_host_take_different_places(tmp_path):
+    # Two runs of one rank on one host: each run's Horovod sees one process (local rank 0 both),
+    # so the GPU and cores are chosen by the rank among the host's processes instead.
+    assert_ok(run(["mpirun", "-np", "2", "--bind-to", "none", "-x", f"PYTHONPATH={ROOT}", PY, "-c", PLACE, tmp_path]))
+    # Per world rank: the run's size and hvd.local_rank(), then sweep.node_slot().
+    assert [(tmp_path / f"rank{r}").read_text().split() for r in (0, 1)] == [["1", "0", "0", "2"], ["1", "0", "1", "2"]]
+
+
+def test_bad_sweeps_stop_before_any_work(data_dir, tmp_path):
+    ck = tmp_path / "ck"
+    r = run_horovod(2, [*common_args(data_dir, ck), "--sweep", "lr=0.05,0.1"], "gloo")
+    assert r.returncode != 0 and "Horovod's gloo controller; launch with mpirun" in r.stderr, r.stderr[-2000:]
+    r = run(horovod_cmd(3, [*common_args(data_dir, ck), "--sweep", "lr=0.05,0.1"], "mpirun"))
+    said = [ln for ln in r.stderr.splitlines() if "error" in ln]
+    assert r.returncode != 0 and "makes 2 runs, which do not divide the 3 processes" in said[0], r.stderr[-2000:]
+    assert len([ln for ln in said if "main_horovod.py: error" in ln]) == 1  # said once, by rank 0
+    r = run(horovod_cmd(2, [*common_args(data_dir, ck), "--sweep", "batch-size=32,0"], "mpirun"))
+    assert r.returncode != 0 and "--batch-size must be positive (got 0)" in r.stderr, r.stderr[-2000:]
+    assert not ck.exists()
