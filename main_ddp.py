@@ -81,7 +81,7 @@ def main(argv=None):
     return model, log.history
 
 
-def distributed_model(model):
+def distributed_model(model):  # DDP: the wrapper, one function that tests share
     """DDP: gradients averaged during backward; BatchNorm running statistics synced at the start,
     then each rank's own through an epoch (forward_sync_buffers=False), as under Horovod, until
     utils.evaluate averages them. Every parameter that requires a gradient gets one in every

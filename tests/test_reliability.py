@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from helpers import (PY, ROOT, UNTIL_ENDED, assert_one_line_error, assert_states_equal, common_args,
-                     env, horovod_cmd, is_gone, kill_rank_and_wait, last_line, load_ckpt,
-                     metrics_rows, parse_eval, probe_cmd, rank_pids, read_metrics, run_ddp, run_horovod,
+                     elastic_cmd, env, horovod_cmd, is_gone, kill_rank_and_wait, last_line, load_ckpt,
+                     metrics_rows, parse_eval, probe_cmd, rank_pids, read_metrics, run, run_ddp, run_horovod,
                      run_main, wait_until, without_lr)
 
 
@@ -209,14 +209,18 @@ def assert_diverged(r, port, epoch):
         assert "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("port", ["main", "horovod", "ddp"])
+@pytest.mark.parametrize("port", ["main", "horovod", "ddp", "elastic"])
 def test_a_diverged_run_stops_in_one_line_and_keeps_the_last_finite_epochs_files(run2, data_dir, tmp_path, port):
-    launch = {"main": lambda a: run_main(a), "horovod": lambda a: run_horovod(2, a), "ddp": lambda a: run_ddp(2, a)}
+    (tmp_path / "slots").write_text("2\n")
+    launch = {"main": lambda a: run_main(a), "horovod": lambda a: run_horovod(2, a), "ddp": lambda a: run_ddp(2, a),
+              "elastic": lambda a: run(elastic_cmd(tmp_path / "slots", 2, 2, 2, a))}  # commits nothing
     # Fresh: LR 1e12 turns the loss NaN in epoch 1, so nothing is saved.
     fresh = tmp_path / "fresh"
     assert_diverged(launch[port](common_args(data_dir, fresh, lr=1e12)), port, 1)
     assert not any((fresh / f).exists() for f in KEPT[:2]), os.listdir(fresh)
     assert not (fresh / "metrics.csv").exists() or not read_metrics(fresh)
+    if port in ("ddp", "elastic"):
+        return  # the resumed case is the same engine code as under Horovod, below
     # Resumed after 2 finite epochs: epoch 3 diverges, and the files stay as epoch 2 left them.
     resumed = fresh_copy(run2, tmp_path / "resumed")
     before = {f: (resumed / f).read_bytes() for f in KEPT}

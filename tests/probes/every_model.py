@@ -4,8 +4,8 @@
     horovodrun -np 2 --gloo python tests/probes/every_model.py horovod [NAME ...]
 
 One process group for the whole registry: each model is wrapped as its trainer wraps it
-(main_ddp.distributed_model, main_horovod.distributed_optimizer, with Horovod's start-up
-broadcasts), takes two SGD steps on this rank's own random batch of 2, and then every rank
+(main_ddp.distributed_model, main_horovod.distributed_optimizer, with the weights' broadcast
+of a fresh Horovod run), takes two SGD steps on this rank's own random batch of 2, and then every rank
 compares a checksum of each weight with rank 0's. Rank 0 prints `NAME ok` for a model
 whose weights moved, stayed finite and are the same on every rank, else `NAME FAILED: why`.
 """
@@ -42,8 +42,7 @@ def setup():
 
     def wrap(args, model, optimizer):
         optimizer = main_horovod.distributed_optimizer(args, model, optimizer)
-        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # a fresh optimizer: no state to send
         return model, optimizer
     return hvd.rank(), wrap, lambda t: hvd.allgather(t.unsqueeze(0), name="checksums")
 
