@@ -21,6 +21,7 @@ import itertools
 import os
 import statistics
 import sys
+import time
 
 import cli
 from errors import RunsFailed, TrainerError, UsageError
@@ -98,6 +99,7 @@ def run(main, args, argv):
         if group.Get_rank() == 0:
             print(f"{os.path.basename(sys.argv[0])}: error: run {name}: {e}", file=sys.stderr, flush=True)
     hvd.shutdown()  # this run's Horovod; the other runs may still be training
+    wait_for_every_run(world)
     outcomes = world.gather(outcome if group.Get_rank() == 0 else None, root=0)
     group.Free()
     failed = 0
@@ -109,6 +111,15 @@ def run(main, args, argv):
     if failed:
         raise RunsFailed(f"{failed} of {len(runs)} runs failed (their errors are above, and their rows in "
                          f"{os.path.join(args.checkpoint_dir, 'sweep.csv')}); the others finished")
+
+
+def wait_for_every_run(world):
+    """Return once every process has ended its run. MPI's blocking collectives poll, so a
+    process whose run ended first would keep a core busy while the others train; this one
+    looks every 0.2 s and sleeps in between."""
+    done = world.Ibarrier()
+    while not done.Test():
+        time.sleep(0.2)
 
 
 def summary(history):

@@ -2,15 +2,19 @@
 
 mpirun -np 4 with two runs of two ranks each: a run is bitwise the same run trained alone with
 horovodrun -np 2 --mpi (the same controller), a run that diverges ends alone while the other
-finishes, and the job's status says a run failed. A sweep stopped part-way (--stop-at) and
-submitted again continues each run from its own checkpoint, and once more trains nothing.
+finishes, and the job's status says a run failed. A sweep stopped part-way (by --stop-at, or by
+SIGTERM to every process as Slurm pre-empts) and submitted again continues each run from its own
+checkpoint, and once more trains nothing.
 The process a sweep run places on a host is chosen by its rank among all of the job's processes
 there, not by hvd.local_rank(), which counts within its group. Bad sweeps stop before any work.
 """
 import csv
+import os
+import signal
+import time
 
-from helpers import (PY, ROOT, assert_ok, assert_states_equal, common_args, horovod_cmd, load_ckpt,
-                     read_metrics, run, run_horovod)
+from helpers import (PY, ROOT, UNTIL_ENDED, assert_ok, assert_states_equal, common_args, horovod_cmd, is_gone,
+                     load_ckpt, metrics_rows, rank_pids, read_metrics, run, run_horovod, wait_until)
 
 # Two ranks per run on this 2-core machine: each rank gets one thread, alone or in the sweep.
 RUN_COLS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "world_size")
@@ -49,7 +53,7 @@ def test_a_resubmitted_sweep_continues_each_run_and_then_trains_nothing(data_dir
     assert_ok(run(horovod_cmd(2, [*cmd, "--stop-at", 1], "mpirun"), timeout=300))
     assert {name: r["epochs"] for name, r in sweep_rows(ck).items()} == {"seed0": "1", "seed1": "1"}
     first = {s: read_metrics(ck / s) for s in ("seed0", "seed1")}
-    r = assert_ok(run(horovod_cmd(2, cmd, "mpirun"), timeout=300))
+    r = assert_ok(run(horovod_cmd(2, cmd, "mpi"), timeout=300))  # horovodrun --mpi, the same job
     assert r.stdout.count("after epoch 1, best test acc") == 2, r.stdout[-2000:]  # each resumed
     for s in ("seed0", "seed1"):
         rows = read_metrics(ck / s)
@@ -62,6 +66,32 @@ def test_a_resubmitted_sweep_continues_each_run_and_then_trains_nothing(data_dir
     assert r.stdout.count("nothing left to train") == 2, r.stdout[-2000:]
     assert {s: (ck / s / "ckpt.pth").read_bytes() for s in done} == done
     assert {name: r["status"] for name, r in sweep_rows(ck).items()} == {"seed0": "finished", "seed1": "finished"}
+
+
+def test_sigterm_to_every_rank_stops_every_run_and_the_resubmitted_sweep_finishes_what_was_left(
+        data_dir, tmp_path, jobs):
+    # SIGTERM to every process, as Slurm pre-empts a job: each run stops with its last finished
+    # epoch saved; the same command again (with a last epoch) continues each run where it stopped.
+    ck = tmp_path / "ck"
+    cmd = [*common_args(data_dir, ck, "--warmup-epochs", 0, epochs=UNTIL_ENDED), "--sweep", "seed=0,1"]
+    job = jobs(horovod_cmd(2, cmd, "mpirun"))
+    for s in ("seed0", "seed1"):
+        wait_until(lambda: len(metrics_rows(ck / s)) >= 1, 120, f"an epoch of {s}", job)
+    pids = rank_pids("main_horovod.py", str(ck))
+    assert set(pids) == {0, 1}, pids
+    for pid in pids.values():
+        os.kill(pid, signal.SIGTERM)
+    t_term = time.monotonic()
+    assert job.wait(timeout=30) != 0 and time.monotonic() - t_term < 30
+    assert all(is_gone(pid) for pid in pids.values()), "a rank is still running"
+    assert job.output().count("by SIGTERM; the last finished epoch is in the checkpoint") == 2, job.output()[-3000:]
+    done = {s: load_ckpt(ck / s / "ckpt.pth")["epoch"] for s in ("seed0", "seed1")}
+    assert all(len(read_metrics(ck / s)) == done[s] for s in done)
+    last = max(done.values()) + 1
+    r = assert_ok(run(horovod_cmd(2, [*cmd, "--stop-at", last], "mpirun"), timeout=300))
+    for s in done:
+        assert f"after epoch {done[s]}, best test acc" in r.stdout, r.stdout[-3000:]
+        assert [int(x["epoch"]) for x in read_metrics(ck / s)] == list(range(1, last + 1))
 
 
 PLACE = """
