@@ -172,6 +172,20 @@ def start_results(argv, quick, config):
             "load_average": {"start": list(os.getloadavg())}, "figures": {}}
 
 
+def merge_earlier(res, path):
+    """Figures this run left out, taken from the earlier results.json at path, each marked
+    (`measured_in`) with the run that measured it; a figure already marked keeps its mark."""
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        earlier = json.load(f)
+    mark = {"date_utc": earlier["date_utc"], "commit": earlier["machine"]["commit"],
+            "command": earlier["command"]}
+    for name, fig in earlier["figures"].items():
+        if name not in res["figures"] and not fig.get("skipped"):
+            res["figures"][name] = dict(fig, measured_in=fig.get("measured_in", mark))
+
+
 def finish(res, figures, out, started):
     """Closes the record (load at the end, duration), judges it, writes results.json and RESULTS.md."""
     res["load_average"]["end"] = list(os.getloadavg())
@@ -244,6 +258,12 @@ def summary(res, figures):
          f"| load average (1 min) | {la['start'][0]:.2f} at start, {la['end'][0]:.2f} at end |", "",
          "| figure | value (median) | goal | met | repeats | ratio of medians |",
          "|---|---|---|---|---|---|"]
+    earlier = {(m["date_utc"], m["commit"], m["command"]) for f in res["figures"].values()
+               if (m := f.get("measured_in"))}
+    for date, commit, command in sorted(earlier):
+        names = [f"`{n}`" for n, f in res["figures"].items()
+                 if f.get("measured_in", {}).get("date_utc") == date and f["measured_in"]["commit"] == commit]
+        L[3:3] = [f"Kept from an earlier run (`{command}`, {date} UTC, commit {commit}): {', '.join(names)}."]
     for mod in figures:
         f = res["figures"][mod.NAME]
         value = fmt(f["value"]) if f["value"] is not None else f"skipped: {f.get('skipped')}"

@@ -3,11 +3,13 @@
     .venv/bin/python -m benchmarks.run                 # full run (about 50 min on 2 idle CPU cores)
     .venv/bin/python -m benchmarks.run --quick         # smoke run (~1 min), for tests
     .venv/bin/python -m benchmarks.run --only loader_speedup,overhead   # a subset
+    .venv/bin/python -m benchmarks.run --only sweep --merge   # re-measure one, keep the rest
 
 The full run writes benchmarks/results.json and benchmarks/RESULTS.md. --quick
 writes into a fresh temporary folder unless --out is given, so a smoke run
 never replaces the committed results. --only takes figure names, or the short
-name of a figure's module (fig_loader.py: loader); figures left out say so.
+name of a figure's module (fig_loader.py: loader); figures left out say so, or with
+--merge keep their entries from the existing results.json, marked with the run that made them.
 
 Figures (each the median over interleaved repeats; every repeat is recorded):
 
@@ -35,6 +37,10 @@ Figures (each the median over interleaved repeats; every repeat is recorded):
                           layout.GradLayout over contiguous weights with
                           channels_last input, gradient hooks on           goal <= 1.02
                           (fig_layout.py)
+  sweep_wall_time         wall time of two runs as one --sweep job at np=2
+                          (a process per run) over the same two runs one
+                          after the other at np=2                         goal <= 0.9
+                          (fig_sweep.py)
   real_data_accuracy      LeNet's test accuracy on real CIFAR-10 after 10
                           epochs under main.py; beside it every trainer,
                           the torchvision pipeline and a second model:
@@ -76,12 +82,14 @@ from benchmarks import (
     fig_loader,
     fig_overhead,
     fig_scaling,
+    fig_sweep,
     harness,
 )
 
 # The registry: every figure, in the order they run and are reported. A new figure
 # is a fig_*.py module with harness.py's interface, and one entry here.
-FIGURES = [fig_loader, fig_overhead, fig_scaling, fig_ddp_scaling, fig_ddp, fig_levers, fig_layout, fig_accuracy]
+FIGURES = [fig_loader, fig_overhead, fig_scaling, fig_ddp_scaling, fig_ddp, fig_levers, fig_layout, fig_sweep,
+           fig_accuracy]
 
 
 def short_name(mod):
@@ -97,6 +105,9 @@ def parse_args(argv):
                         "or a new temporary folder under --quick)")
     p.add_argument("--only", default=None, metavar="NAME[,NAME]",
                    help=f"comma-separated subset of: {names} (default: all)")
+    p.add_argument("--merge", action="store_true",
+                   help="keep the figures not run from the existing results.json in --out, each marked "
+                        "with the date, commit and command of the run that measured it")
     args = p.parse_args(argv)
     by_name = {key: m for m in FIGURES for key in (m.NAME, short_name(m))}
     wanted = args.only.split(",") if args.only else [m.NAME for m in FIGURES]
@@ -127,6 +138,8 @@ def main(argv=None):
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
+    if args.merge:
+        harness.merge_earlier(res, os.path.join(out, "results.json"))
     harness.finish(res, FIGURES, out, started)
     harness.log(f"done in {res['duration_s']:.0f} s: {os.path.join(out, 'results.json')}, "
                 f"{os.path.join(out, 'RESULTS.md')}")

@@ -173,3 +173,16 @@ def test_gpu_section_replaces_only_itself(tmp_path):
     assert "| `main_bs128_bf16_img_s` | 20000 | >= 35000 | **no** |" in text
     assert "| `amp_over_fp32` | n/a | >= 1 | not run |" in text
     assert "| main_bs128_bf16 | 20000 | `main.py --amp` |" in text
+
+
+def test_merge_keeps_the_figures_not_run_marked_with_their_run(tmp_path):
+    earlier = {"date_utc": "2026-01-01 00:00", "command": "python -m benchmarks.run", "machine": {"commit": "abc"},
+               "figures": {"fake_ratio": {"value": 9.0, "repeats": [9.0]}, "fake_time": {"value": 1.0},
+                           "gone": {"value": None, "skipped": "not run (--only)"}}}
+    (tmp_path / "results.json").write_text(json.dumps(earlier))
+    res = {"figures": {"fake_time": {"value": 1.5, "repeats": [1.5]}}}
+    harness.merge_earlier(res, str(tmp_path / "results.json"))
+    assert res["figures"]["fake_time"] == {"value": 1.5, "repeats": [1.5]}, "this run's own figure stays"
+    assert res["figures"]["fake_ratio"]["value"] == 9.0 and "gone" not in res["figures"]
+    assert res["figures"]["fake_ratio"]["measured_in"] == {"date_utc": "2026-01-01 00:00", "commit": "abc",
+                                                           "command": "python -m benchmarks.run"}
