@@ -96,7 +96,7 @@ def run(main, args, argv):
         outcome.update(summary(history), status="finished")
     except TrainerError as e:
         outcome.update(status=f"failed: {e}")
-        if group.Get_rank() == 0:
+        if group.Get_rank() == 0 or not e.every_rank:  # one rank's own error: that rank says it
             print(f"{os.path.basename(sys.argv[0])}: error: run {name}: {e}", file=sys.stderr, flush=True)
     hvd.shutdown()  # this run's Horovod; the other runs may still be training
     wait_for_every_run(world)
