@@ -5,7 +5,7 @@ DEMO_DIR := checkpoint/demo
 
 GPU_PYTHON ?= python3
 
-.PHONY: setup demo test gpu-check
+.PHONY: setup demo test gpu-check image
 # TORCH=system PYTHON=/path/to/python: use that Python's torch and torchvision (README).
 setup:
 	bash scripts/setup.sh
@@ -22,3 +22,10 @@ test: setup
 # On a GPU machine: set up against its PyTorch, then short real jobs, one line each with images/s.
 gpu-check:
 	@python3 -m benchmarks.gpu_check --python $(GPU_PYTHON)
+
+# The container image (Dockerfile): BASE= another PyTorch image, CONTAINER=podman to build
+# with podman, BUILD_FLAGS= more flags for the build.
+IMAGE ?= cifar-horovod
+CONTAINER ?= docker
+image:
+	$(CONTAINER) build -t $(IMAGE) $(if $(BASE),--build-arg BASE=$(BASE)) $(BUILD_FLAGS) .

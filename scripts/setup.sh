@@ -39,9 +39,12 @@ apt_install() {
     $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
         $SUDO apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }
+# Each is looked for as a command, so that an image's own Open MPI (NGC's HPC-X in
+# /usr/local/mpi) is used rather than joined by Debian's.
 missing=()
-for pkg in openmpi-bin libopenmpi-dev cmake g++ make; do
-    dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+{ command -v mpirun && command -v mpicxx; } >/dev/null 2>&1 || missing+=(openmpi-bin libopenmpi-dev)
+for tool in cmake g++ make; do
+    command -v "$tool" >/dev/null 2>&1 || missing+=("$tool")
 done
 WITH_MPI=1
 if [ ${#missing[@]} -gt 0 ] && ! apt_install "${missing[@]}"; then
@@ -200,13 +203,18 @@ build_wheel() {
         if [ -z "${HOROVOD_NCCL_HOME:-}" ]; then
             # Fix 7: the nvidia-nccl-cu* wheel ships include/ and lib/libnccl.so.2 only; CMake
             # looks for libnccl.so. A folder of links gives it both.
-            nccl=$("$PY" -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null) \
-                || die "HOROVOD_GPU_OPERATIONS=NCCL: no nvidia-nccl package; set HOROVOD_NCCL_HOME"
-            mkdir -p "$work/nccl/lib"
-            ln -s "$nccl/include" "$work/nccl/include"
-            ln -s "$nccl/lib/libnccl.so.2" "$work/nccl/lib/libnccl.so.2"
-            ln -s libnccl.so.2 "$work/nccl/lib/libnccl.so"
-            export HOROVOD_NCCL_HOME="$work/nccl" HOROVOD_NCCL_LINK=SHARED
+            if nccl=$("$PY" -c 'import nvidia.nccl as n; print(list(n.__path__)[0])' 2>/dev/null); then
+                mkdir -p "$work/nccl/lib"
+                ln -s "$nccl/include" "$work/nccl/include"
+                ln -s "$nccl/lib/libnccl.so.2" "$work/nccl/lib/libnccl.so.2"
+                ln -s libnccl.so.2 "$work/nccl/lib/libnccl.so"
+                export HOROVOD_NCCL_HOME="$work/nccl" HOROVOD_NCCL_LINK=SHARED
+            elif [ -f /usr/include/nccl.h ]; then
+                # A system NCCL (NGC images): CMake finds it in the default paths.
+                export HOROVOD_NCCL_LINK=SHARED
+            else
+                die "HOROVOD_GPU_OPERATIONS=NCCL: no nvidia-nccl package and no /usr/include/nccl.h; set HOROVOD_NCCL_HOME"
+            fi
         fi
     fi
     export MAKEFLAGS="-j$(nproc)"

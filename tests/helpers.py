@@ -293,3 +293,13 @@ def is_gone(pid):
             return f.read().split(")")[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def readme_blocks(heading):
+    """The non-empty lines of each ```bash block in README.md's section `heading`, in order."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    section = text[text.index(heading + "\n") + len(heading):]
+    section = section[:section.find("\n## ")] if "\n## " in section else section
+    return [[ln for ln in body.splitlines() if ln.strip()] for body in re.findall(r"```bash\n(.*?)```", section, re.S)]
+

@@ -9,21 +9,9 @@ import os
 import re
 import shlex
 
-from helpers import ROOT, assert_ok, last_line, parse_eval, read_metrics, run
+from helpers import ROOT, assert_ok, last_line, parse_eval, read_metrics, readme_blocks, run
 
 HEADING = "## Train on one machine"
-
-
-def readme():
-    with open(os.path.join(ROOT, "README.md")) as f:
-        return f.read()
-
-
-def block_after(text, heading):
-    """The lines of the first ```bash block after `heading`."""
-    section = text[text.index(heading + "\n"):]
-    body = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
-    return [ln for ln in body.splitlines() if ln.strip()]
 
 
 def tiny(line, tmp):
@@ -40,7 +28,7 @@ def tiny(line, tmp):
 
 
 def test_one_host_commands_run_as_written(tmp_path):
-    lines = block_after(readme(), HEADING)
+    lines = readme_blocks(HEADING)[0]
     launchers = [shlex.split(ln)[0] for ln in lines]
     assert {"python", "horovodrun", "mpirun", "torchrun"} <= set(launchers), lines
     assert any("--hostfile hostfile" in ln for ln in lines), "the shipped hostfile's command"
