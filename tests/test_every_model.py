@@ -1,8 +1,8 @@
 """Every registered model trains under both ports at np=2 (tests/probes/every_model.py).
 
-One process group per port walks the whole registry: two SGD steps per model as its
-trainer wraps it, then rank 0 says whether the weights moved, stayed finite and agree
-on both ranks. DDP fails on a model with a parameter its forward never uses (the
+One process group per port walks the whole registry: SGD steps (two under DDP, one under
+Horovod) per model as its trainer wraps it, then rank 0 says whether the weights moved,
+stayed finite and agree on both ranks. DDP fails on a model with a parameter its forward never uses (the
 second step raises "Expected to have finished reduction"), which is how EfficientNet's
 unused expansion layer was found; models/efficientnet.py now leaves it untrained.
 """

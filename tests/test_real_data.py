@@ -1,20 +1,22 @@
-"""Real CIFAR-10: LeNet learns the real images under every trainer, and the fast loader costs
-no accuracy against pytorch-cifar's pipeline. Everything else (bitwise resume, the ports'
-agreement, evaluation) is the same code on any images and is tested on synthetic ones.
+"""Real CIFAR-10: LeNet learns the real images, and the fast loader costs no accuracy against
+pytorch-cifar's pipeline. Everything else is the same code on any images and is tested on
+synthetic ones: bitwise resume, evaluation, and the ports' agreement (main_horovod.py at np=2
+and batch b trains bitwise what np=1 trains at batch 2b, main_ddp.py within 1e-6 of
+main_horovod.py), which is why the ports are not trained on real images here.
 
 The images are a JPEG copy of the real ones (conftest.py's real_data), so accuracy can sit
-a little below what the original files give. The floors were set from measured runs on 2
-CPU cores (given below), with a margin for run-to-run differences. About 2 minutes.
+a little below what the original files give. The floor was set from measured runs on 2
+CPU cores (given below), with a margin for run-to-run differences. About a minute and a half.
 """
 import pytest
 
-from helpers import assert_ok, read_metrics, run_ddp, run_horovod, run_main
+from helpers import assert_ok, read_metrics, run_main
 
 EPOCHS = 3
 # LeNet, 3 epochs of the default recipe (batch 128, LR 0.1 cosine) on all 50,000 images.
-# Measured: 0.5076 (main.py), 0.4986 (main_horovod.py and main_ddp.py at np=2), 0.5044 (main.py,
-# torchvision's pipeline); the floors leave 3 points for other machines and thread counts.
-FLOOR = {"main.py": 0.47, "main_horovod.py np=2": 0.47, "main_ddp.py np=2": 0.47}
+# Measured: 0.5076 (main.py), 0.5044 (main.py, torchvision's pipeline); the floor leaves 3 points
+# for other machines and thread counts.
+FLOOR = 0.47
 LOADER_MARGIN = 0.03  # torchvision's pipeline against the device loader, same epochs (0.003 measured)
 
 
@@ -38,18 +40,8 @@ def np1(real_data, tmp_path_factory):
 def test_lenet_learns_real_images(np1):
     rows = read_metrics(np1)
     assert [int(r["epoch"]) for r in rows] == list(range(1, EPOCHS + 1))
-    assert final_acc(np1) >= FLOOR["main.py"], rows
+    assert final_acc(np1) >= FLOOR, rows
     assert float(rows[0]["test_acc"]) < final_acc(np1), "accuracy climbs over the epochs"
-
-
-def test_horovod_np2_learns_real_images(real_data, tmp_path):
-    assert_ok(run_horovod(2, real_args(real_data, tmp_path), timeout=600))
-    assert final_acc(tmp_path) >= FLOOR["main_horovod.py np=2"], read_metrics(tmp_path)
-
-
-def test_ddp_np2_learns_real_images(real_data, tmp_path):
-    assert_ok(run_ddp(2, real_args(real_data, tmp_path), timeout=600))
-    assert final_acc(tmp_path) >= FLOOR["main_ddp.py np=2"], read_metrics(tmp_path)
 
 
 def test_the_device_loader_costs_no_accuracy(np1, real_data, tmp_path):
