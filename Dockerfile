@@ -47,8 +47,10 @@ RUN set -e; \
     rm -rf /var/lib/apt/lists/* /root/.cache/pip
 
 COPY . .
-# Readable by every UID; /workspace writable by every UID, as /tmp is.
-RUN chmod -R a+rX /opt/cifar && mkdir -p -m 1777 /workspace
+# Readable by every UID (only what a private umask left unreadable is changed, so no file is
+# copied into another layer); /workspace writable by every UID, as /tmp is.
+RUN find /opt/cifar \( ! -perm -a+r -o -type d ! -perm -a+x \) -exec chmod a+rX {} + \
+    && mkdir -p -m 1777 /workspace
 
 ENV PATH=/opt/cifar/.venv/bin:$PATH \
     MPLCONFIGDIR=/tmp/matplotlib

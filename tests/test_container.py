@@ -47,8 +47,9 @@ def pins():
 
 
 class Podman:
-    """podman with its storage in `folder`, runc and cgroupfs (crun and systemd's cgroups do not
-    work on every host), and no default ulimits (setrlimit fails in some sandboxes)."""
+    """podman with its storage and state in `folder`, runc and cgroupfs (crun and systemd's
+    cgroups do not work on every host), and no default ulimits (setrlimit fails in some
+    sandboxes)."""
 
     def __init__(self, folder):
         self.folder = folder
@@ -56,7 +57,8 @@ class Podman:
         conf.write_text("[containers]\ndefault_ulimits = []\n")
         self.env = env({"CONTAINERS_CONF": str(conf)})
         self.argv = ["podman", "--root", str(folder / "storage"), "--runroot", str(folder / "run"),
-                     "--runtime", shutil.which("runc"), "--cgroup-manager", "cgroupfs"]
+                     "--tmpdir", str(folder / "tmp"), "--runtime", shutil.which("runc"),
+                     "--cgroup-manager", "cgroupfs"]
 
     def __call__(self, *args, timeout=300, netns=None):
         cmd = [*self.argv, *args]
@@ -122,19 +124,20 @@ def cached_wheels():
 
 @pytest.fixture(scope="module")
 def image(podman, base):
-    """README's `make image` on the base: (tag, the torch mount, the build's output)."""
+    """README's `make image` on the base: (tag, the torch mount, the build's output, whether
+    the wheel cache held a Horovod for the pinned torch before the build)."""
     base_image, mount = base
     tag = "localhost/cifar-test"
     line = readme_blocks(HEADING)[0][0]
     assert shlex.split(line) == ["make", "image"], line
-    cache, _ = cached_wheels()
+    cache, wheels = cached_wheels()
     os.makedirs(cache, exist_ok=True)
     flags = ["--network", "host", *mount, "-v", f"{cache}:/horovod-cache",
              "--build-arg", "HOROVOD_WHEEL_CACHE=/horovod-cache"]
     r = sh([*shlex.split(line), f"IMAGE={tag}", f"BASE={base_image}", f"CONTAINER={shlex.join(podman.argv)}",
             f"BUILD_FLAGS={shlex.join(flags)}"], cwd=ROOT, env=podman.env, timeout=1500)
     assert_ran(r)
-    return tag, mount, r.stdout + r.stderr
+    return tag, mount, r.stdout + r.stderr, bool(wheels)
 
 
 def as_tested(line, podman, tag, mount, workspace, ssh_dir=None, hosts=None, epochs=1):
@@ -169,8 +172,8 @@ def as_tested(line, podman, tag, mount, workspace, ssh_dir=None, hosts=None, epo
 
 
 def test_the_image_builds_horovod_on_the_base_torch(image):
-    _, _, built = image
-    if cached_wheels()[1]:  # the wheel `make setup` cached serves the build: Horovod is not compiled twice
+    _, _, built, cached = image
+    if cached:  # the wheel `make setup` cached serves the build: Horovod is not compiled twice
         assert "using cached wheel in /horovod-cache/" in built and "building horovod" not in built, built[-3000:]
     assert f"from {SITE}, horovod 0.28.1 with PyTorch Gloo MPI" in built, built[-3000:]
 
@@ -178,7 +181,7 @@ def test_the_image_builds_horovod_on_the_base_torch(image):
 @pytest.fixture(scope="module")
 def one_container(podman, image, tmp_path_factory):
     """README's first `docker run` (horovodrun -np 2) as UID 4242 in its folder: (folder, epoch 1's ckpt)."""
-    tag, mount, _ = image
+    tag, mount, _, _ = image
     ws = tmp_path_factory.mktemp("ws")
     os.chown(ws, UID, UID)
     line = readme_blocks(HEADING)[0][1]
@@ -189,7 +192,7 @@ def one_container(podman, image, tmp_path_factory):
 
 
 def test_horovodrun_in_one_container_as_any_uid_and_resume_in_another(podman, image, one_container):
-    tag, mount, _ = image
+    tag, mount, _, _ = image
     ws, _ = one_container
     r = podman("run", "--rm", *mount, "--user", f"{UID}:{UID}", tag, "python", "-c",
                "import os, torch, horovod; print(torch.__file__); print(horovod.__file__);"
@@ -225,7 +228,7 @@ def cluster(tmp_path):
 
 def test_mpirun_across_containers_on_two_hosts_equals_one_container(podman, image, one_container, cluster,
                                                                      tmp_path):
-    tag, mount, _ = image
+    tag, mount, _, _ = image
     _, want = one_container
     ws = tmp_path / "ws"
     ssh_dir = tmp_path / "ssh"
