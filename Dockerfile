@@ -1,4 +1,4 @@
-# The trainer in a container image, on an existing PyTorch image (README, "Containers";
+# The trainer in a container image, on an existing PyTorch image (README, "Run in a container";
 # docs/INSTALL.md#containers). Works with docker, podman and buildah.
 #
 #   make image                                   # on the NGC PyTorch image below
@@ -20,7 +20,7 @@ ARG PYTHON=python3
 # rebuild then skips Horovod's 3-8 minute compile. Empty: built here and not kept.
 ARG HOROVOD_WHEEL_CACHE=
 
-ENV DEBIAN_FRONTEND=noninteractive
+ARG DEBIAN_FRONTEND=noninteractive
 # Containers usually run as root, which Open MPI refuses unless told.
 ENV OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
