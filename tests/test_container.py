@@ -79,13 +79,13 @@ class Podman:
 
 
 def install_missing():
-    missing = [p for p, tool in (("podman", "podman"), ("runc", "runc"), ("mmdebstrap", "mmdebstrap"))
-               if not shutil.which(tool)]
+    """Debian's packages of the same names as the commands, where a command is missing."""
+    missing = [tool for tool in ("podman", "runc", "mmdebstrap") if not shutil.which(tool)]
     if missing:
-        r = sh(["apt-get", "update", "-qq"], timeout=300)
-        r = sh(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing], timeout=600,
-               env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
-        assert r.returncode == 0, f"apt-get install {' '.join(missing)} failed: {r.stderr[-2000:]}"
+        apt = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing]):
+            r = sh(cmd, timeout=600, env=apt)
+            assert r.returncode == 0, f"{' '.join(cmd)} failed: {r.stderr[-2000:]}"
 
 
 @pytest.fixture(scope="module")
