@@ -302,4 +302,3 @@ def readme_blocks(heading):
     section = text[text.index(heading + "\n") + len(heading):]
     section = section[:section.find("\n## ")] if "\n## " in section else section
     return [[ln for ln in body.splitlines() if ln.strip()] for body in re.findall(r"```bash\n(.*?)```", section, re.S)]
-

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from helpers import PY, ROOT, env, read_metrics
+from helpers import PY, ROOT, env
 
 SITE = "lib/python{0}.{1}/site-packages".format(*sys.version_info[:2])
 
