@@ -113,7 +113,8 @@ def stop_on(name):
 
 
 def run_cli(main, argv=None, finish=None):
-    """Run main(), then finish() if given and main() returned; turn a TrainerError, a peer's
+    """Run main(), then finish() if given, however main() ended (a port's leaving of its
+    job, which must happen before the interpreter exits); turn a TrainerError, a peer's
     failure, Ctrl-C or a stop signal into one line on stderr and an exit status."""
     argv = sys.argv[1:] if argv is None else argv
     prog = os.path.basename(sys.argv[0] or "main.py")
@@ -132,10 +133,10 @@ def _exit_status(main, argv, finish, prog, where):
     try:
         try:
             main(argv)
+        finally:  # no stop signal may interrupt the finish or the one-line exits below
+            _ignore_stop_signals()
             if finish:
                 finish()
-        finally:  # no stop signal may interrupt the one-line exits below
-            _ignore_stop_signals()
         return 0
     except TrainerError as e:
         if "--debug" in argv:

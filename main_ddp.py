@@ -10,7 +10,6 @@ main_horovod.py on many processes with Horovod, main_ddp.py with PyTorch's DDP.
   torchrun --nproc_per_node 2 main_ddp.py --arch resnet18
   python main.py --dataset synthetic --arch lenet --epochs 2   # no download needed
 """
-import os  # DDP: torchrun says where a process stands in its environment
 import sys
 import time
 
@@ -22,6 +21,7 @@ import cli
 import data
 import devices
 import launch
+import process_group  # DDP: the job's process group, joined and left
 import runlog
 import utils
 
@@ -31,9 +31,8 @@ def main(argv=None):
     launch.stop_on(args.stop_signal)  # a scheduler's warning signal, as SIGTERM
     device = devices.pick_device(*launch.torchrun_local())  # DDP: one GPU, or a share of the cores,
     devices.share_cores(device, *launch.torchrun_local())  # before torch.distributed starts
-    alone = {} if "RANK" in os.environ else dict(store=dist.HashStore(), rank=0, world_size=1)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", **alone)  # join the job
-    size = dist.get_world_size()  # (a lone `python main_ddp.py` is one); metric sums, LR x size
+    process_group.join_job(device)  # join torchrun's job (a lone `python main_ddp.py`: one)
+    size = dist.get_world_size()  # metric sums and the LR over the world size
     port = utils.Port(rank=dist.get_rank(), size=size, allreduce=utils.summed_copy(dist.all_reduce),
                       lr_scale=args.batches_per_allreduce * size,
                       batches_per_allreduce=args.batches_per_allreduce, no_sync=True)
@@ -91,4 +90,4 @@ def distributed_model(model):  # DDP: the wrapper, one function that tests share
 
 
 if __name__ == "__main__":
-    sys.exit(launch.run_cli(main, finish=dist.destroy_process_group))  # DDP: leave the job
+    sys.exit(launch.run_cli(main, finish=process_group.leave_job))  # DDP: leave the job whole

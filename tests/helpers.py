@@ -29,6 +29,12 @@ MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
            "OMPI_MCA_rmaps_base_oversubscribe": "1"}
 
 
+# How a process that aborted (SIGABRT) shows: libstdc++'s last words, or a launcher's report of
+# the status (torchrun's -6, horovodrun's 134, mpirun's signal 6).
+ABORTED = re.compile(r"terminate called|Fatal Python error: Aborted|exitcode\s*: -6 |"
+                     r"exit with status code 134|exited on signal 6|SIGABRT")
+
+
 def env(extra=None):
     """The environment of a launched process: this venv first on PATH, unbuffered
     output, Open MPI's root settings, then `extra`."""

@@ -7,12 +7,13 @@ import math
 import os
 import re
 import shutil
+import signal
 
 import pytest
 import torch
 
 import models
-from helpers import (ROOT, UNTIL_ENDED, assert_ok, assert_one_line_error, assert_ranks_identical,
+from helpers import (ABORTED, ROOT, UNTIL_ENDED, assert_ok, assert_one_line_error, assert_ranks_identical,
                      assert_states_equal, common_args, ddp_cmd,
                      diff_blocks, kill_rank_and_wait, last_line, load_ckpt, load_ranks, metrics_rows,
                      parse_eval, read_metrics, run_ddp, run_horovod, run_main, wait_until, without_lr)
@@ -109,17 +110,44 @@ def test_checkpoints_cross_between_horovod_and_ddp_at_another_world_size(ddp2, h
     assert_states_equal(ends[0], ends[1], "resumed", atol_scale=1e-5)
 
 
-def test_evaluate_is_identical_at_np_1_2_3(ddp2, data_dir):
+def test_evaluate_is_identical_at_np_1_2_3(ddp2, data_dir, tmp_path):
     ck = ddp2[0] / "ck"
     args = ["--evaluate", *common_args(data_dir, ck)]
     results = [parse_eval(last_line(assert_ok(run_ddp(1, args, launcher="python")).stdout))]
-    results.append(parse_eval(last_line(assert_ok(run_ddp(3, args)).stdout)))
+    results.append(parse_eval(last_line(assert_ok(run_ddp(3, args, probe=tmp_path)).stdout)))
+    assert_left_the_job_whole(tmp_path, 3)
     last = load_ckpt(ck / "ckpt.pth")["history"][-1]  # the np=2 run's own evaluation of these weights
     results.append((last["test_loss"], last["test_acc"], 100))
     losses, accs, images = zip(*results)
     assert images == (100, 100, 100), "100 test images: each counted once, none padded"
     assert accs[0] == accs[1] == accs[2]
     assert max(losses) - min(losses) <= 1e-6 * max(losses)
+
+
+def assert_left_the_job_whole(probe, size):
+    """No rank had a thread of its process group left as its interpreter was about to exit.
+    One left there may still be dropping its last collective's tensors, which takes the GIL:
+    a finalizing interpreter ends such a thread mid-destructor, and the rank aborts (SIGABRT,
+    "terminate called without an active exception")."""
+    left = {r: (probe / f"threads{r}.txt").read_text().split() for r in range(size)}
+    assert left == {r: [] for r in range(size)}, left
+
+
+def test_every_rank_leaves_the_job_whole_when_it_stops(ddp2, data_dir, tmp_path, jobs):
+    # At --stop-at (the ddp2 run) and on SIGTERM to torchrun, which passes it to every rank;
+    # the --evaluate path is checked at np=3 in test_evaluate_is_identical_at_np_1_2_3.
+    assert_left_the_job_whole(ddp2[0], 2)
+    ck = tmp_path / "ck"
+    job = jobs(ddp_cmd(2, common_args(data_dir, ck, epochs=UNTIL_ENDED), probe=tmp_path))
+    wait_until(lambda: len(metrics_rows(ck)) >= 1, 120, "a finished epoch", job)
+    job.signal(signal.SIGTERM)
+    rc = job.wait(60)
+    out = job.output()
+    # Each rank stops with its one line; the agent, itself signalled, ends with 1.
+    for r in (0, 1):
+        assert f"main_ddp.py: interrupted (rank {r}) by SIGTERM; the last finished epoch" in out, out[-3000:]
+    assert rc == 1 and not ABORTED.search(out), out[-3000:]
+    assert_left_the_job_whole(tmp_path, 2)
 
 
 def test_kill_9_of_one_rank_ends_the_job(data_dir, tmp_path, jobs):

@@ -33,7 +33,8 @@ def setup():
     if PORT == "ddp":
         import torch.distributed as dist
         import main_ddp
-        dist.init_process_group("gloo")
+        import process_group
+        process_group.join_job(torch.device("cpu"))
 
         def gather(t):
             out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
@@ -85,3 +86,6 @@ def main():
 
 if __name__ == "__main__":
     main()
+    if PORT == "ddp":  # as main_ddp.py leaves its job (process_group.py says why)
+        import process_group
+        process_group.leave_job()

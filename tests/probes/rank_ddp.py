@@ -4,7 +4,11 @@
 
 Each rank writes OUT_DIR/rank<r>.pt with its model state and metric history,
 and where it ran (its host's name, the world and local sizes), as rank_horovod.py
-does for Horovod, so tests can compare ranks with each other.
+does for Horovod, so tests can compare ranks with each other. It runs main() as
+main_ddp.py does, through launch.run_cli with the port's leaving of the job, and then,
+however the run ended, writes OUT_DIR/threads<r>.txt: the names of the process group's
+threads still alive as the interpreter is about to exit, one a line (none, when the rank
+left the job whole).
 """
 import os
 import socket
@@ -15,14 +19,37 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+import launch  # noqa: E402
 import main_ddp  # noqa: E402
+import process_group  # noqa: E402
+
+
+def group_threads():
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:  # ended meanwhile
+            pass
+    return sorted(n for n in names if "gloo" in n)
+
+
+def probe(out):
+    def main(argv):
+        model, result = main_ddp.main(argv)
+        torch.save({"model": model.state_dict(), "result": result, "size": dist.get_world_size(),
+                    "local_size": int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+                    "threads": torch.get_num_threads(), "cores": sorted(os.sched_getaffinity(0)),
+                    "host": socket.gethostname()},
+                   os.path.join(out, f"rank{dist.get_rank()}.pt"))
+    return main
+
 
 if __name__ == "__main__":
     out, argv = sys.argv[1], sys.argv[2:]
-    model, result = main_ddp.main(argv)
-    torch.save({"model": model.state_dict(), "result": result, "size": dist.get_world_size(),
-                "local_size": int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
-                "threads": torch.get_num_threads(), "cores": sorted(os.sched_getaffinity(0)),
-                "host": socket.gethostname()},
-               os.path.join(out, f"rank{dist.get_rank()}.pt"))
-    dist.destroy_process_group()
+    sys.argv[0] = main_ddp.__file__  # its one-line exits name main_ddp.py, as the port's do
+    status = launch.run_cli(probe(out), argv, finish=process_group.leave_job)
+    with open(os.path.join(out, f"threads{os.environ.get('RANK', 0)}.txt"), "w") as f:
+        f.write("".join(name + "\n" for name in group_threads()))
+    sys.exit(status)

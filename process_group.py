@@ -1,0 +1,43 @@
+"""The DDP port's process group: how a process joins torch.distributed's job, and how it
+leaves it whole, however its run ended.
+
+Leaving whole matters because of how gloo's worker threads end. A worker that finishes a
+collective drops its tensors a moment after the caller has seen the result; where such a
+tensor has a Python object, dropping it takes the GIL. If the interpreter has started to
+finalize by then, Python ends that thread (pthread_exit) in the middle of a C++ destructor,
+and the process dies with "terminate called without an active exception" (SIGABRT). Only
+the group's destructor joins those threads, so it must run before the interpreter exits:
+`leave_job` destroys the group on every path out of main(), and `join_job` makes sure that
+nothing else keeps the group alive after that.
+"""
+import os
+
+import torch.distributed as dist
+
+
+def join_job(device):
+    """Join the job torchrun started (its environment names the rank, the world size and the
+    rendezvous), or make a group of one for a lone `python main_ddp.py`: gloo on the CPU,
+    NCCL on CUDA.
+
+    torch.distributed.nn is imported first. Its functions take `group=group.WORLD` as a
+    default argument, which binds the default group itself when the module is imported after
+    the group exists, as DistributedDataParallel's first use of torch._dynamo does. Those
+    ten references would keep the group, and its worker threads, alive after
+    destroy_process_group; imported now, the defaults hold None."""
+    import torch.distributed.nn  # noqa: F401 (imported for the order, before the group)
+
+    alone = {} if "RANK" in os.environ else dict(store=dist.HashStore(), rank=0, world_size=1)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", **alone)
+
+
+def leave_job():
+    """Destroy the process group, which joins its worker threads, so that none is left to
+    touch Python while the interpreter finalizes. launch.run_cli calls it after main()
+    however main ended: returned, stopped by a signal, or failed. On the CPU the ports issue
+    no collective that is still running when Python code runs again (DDP waits for its
+    buckets at the end of backward, the metric sums are synchronous), so a stopping rank has
+    nothing to wait for here. With NCCL this path is untested here."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
