@@ -59,13 +59,21 @@ def test_peer_failures_are_recognised_by_name_and_message():
     assert not launch.peer_failed(ValueError("gloo/transport/"))
 
 
-def test_finish_runs_after_main_and_not_after_an_error(capsys):
+def test_finish_runs_however_main_ended(capsys):
+    # A port's leaving of its job (process_group.leave_job) must run before the interpreter exits,
+    # whether main() returned, failed or was stopped by a signal.
     done = []
-    assert launch.run_cli(lambda argv: None, argv=[], finish=lambda: done.append(1)) == 0 and done == [1]
+    assert launch.run_cli(lambda argv: None, argv=[], finish=lambda: done.append("returned")) == 0
 
     def fail(argv):
         raise UsageError("bad")
-    assert launch.run_cli(fail, argv=[], finish=lambda: done.append(2)) == 2 and done == [1]
+    assert launch.run_cli(fail, argv=[], finish=lambda: done.append("failed")) == 2
+
+    def stopped(argv):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    assert launch.run_cli(stopped, argv=[], finish=lambda: done.append("stopped")) == 143
+    assert done == ["returned", "failed", "stopped"]
 
 
 def _only(monkeypatch, **env):
