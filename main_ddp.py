@@ -20,6 +20,7 @@ import checkpoints
 import cli
 import data
 import devices
+import divergence
 import launch
 import process_group  # DDP: the job's process group, joined and left
 import runlog
@@ -69,6 +70,7 @@ def main(argv=None):
                                   args, port, profile=epoch == start["epoch"])  # DDP: wrapped
         seconds = time.perf_counter() - t0
         test = utils.evaluate(train_model, test_loader, args, port)
+        divergence.check_epoch(model, train, test, epoch, port)  # before anything is saved
         is_best, best_acc = test["acc"] > best_acc, max(best_acc, test["acc"])
         history = log.add(epoch, train, test, seconds)  # the epoch's line and metrics row
         state = checkpoints.checkpoint_state(args, model, optimizer, scaler, schedule, epoch + 1,

@@ -25,6 +25,7 @@ import checkpoints
 import cli
 import data
 import devices
+import divergence
 import horovod.torch as hvd
 import launch
 import layout
@@ -115,6 +116,7 @@ def run_epochs(state, world, train_model, optimizer, scaler, schedule):
                                   args, port, profile=epoch == world.first_epoch)
         seconds = time.perf_counter() - t0
         test = utils.evaluate(train_model, test_loader, args, port)
+        divergence.check_epoch(state.model, train, test, epoch, port)  # before anything is saved
         is_best, best_acc = test["acc"] > state.best_acc, max(state.best_acc, test["acc"])
         history = log.add(epoch, train, test, seconds)
         ckpt = checkpoints.checkpoint_state(args, state.model, optimizer, scaler, schedule,

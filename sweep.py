@@ -10,10 +10,11 @@ main_horovod.py run of its own: hvd.init(comm=group), its files in CHECKPOINT_DI
 continues the runs that are not finished and trains nothing more of those that are. World
 rank 0 gathers every run's outcome and writes CHECKPOINT_DIR/sweep.csv and sweep.png.
 
-A run that fails alike on all of its ranks (a divergence, a value that does not suit it)
-ends its own group; the other runs go on, and the job exits 1 at the end. A crash of one
-rank, and a stop signal, end the whole job, as they end any run; each run keeps its last
-finished epoch.
+A run that fails, on all of its ranks alike (a divergence, a value that does not suit it) or
+on one of them (its checkpoint, read by its rank 0 alone, is corrupt; the others' collectives
+then fail), ends its own group; the other runs go on, and the job exits 1 at the end. A crash
+of one rank, and a stop signal, end the whole job, as they end any run; each run keeps its
+last finished epoch.
 """
 import csv
 import io
@@ -25,6 +26,7 @@ import time
 
 import cli
 from errors import RunsFailed, TrainerError, UsageError
+import launch
 import safeio
 
 COLUMNS = ("run", "status", "epochs", "final_test_acc", "best_test_acc", "train_time_s")
@@ -98,6 +100,10 @@ def run(main, args, argv):
         outcome.update(status=f"failed: {e}")
         if group.Get_rank() == 0 or not e.every_rank:  # one rank's own error: that rank says it
             print(f"{os.path.basename(sys.argv[0])}: error: run {name}: {e}", file=sys.stderr, flush=True)
+    except Exception as e:  # a collective of this run failed because another of its ranks did
+        if not launch.peer_failed(e):
+            raise
+        outcome.update(status="failed: another rank of this run failed (its error is above)")
     hvd.shutdown()  # this run's Horovod; the other runs may still be training
     wait_for_every_run(world)
     outcomes = world.gather(outcome if group.Get_rank() == 0 else None, root=0)

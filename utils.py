@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 import data
+import divergence
 import layout
-from errors import Diverged
 import loaders
 import models
 from recipe import RECIPE
@@ -265,24 +265,12 @@ def train_epoch(model, loader, optimizer, scaler, schedule, epoch, args, port=Po
         bar.update(1)
         if (step + 1) % args.log_interval == 0 and step + 1 < steps:
             loss_sum, correct, n = port.allreduce(stats).tolist()
-            check_finite(loss_sum / n, epoch, lr)
+            divergence.check_training_loss(loss_sum / n, epoch, lr, step + 1, steps)
             progress.interval(bar, desc, step + 1, steps, loss=loss_sum / n, acc=correct / n, lr=lr)
     bar.close()
     loss_sum, correct, n = port.allreduce(stats).tolist()
-    check_finite(loss_sum / max(n, 1), epoch, lr)
+    divergence.check_training_loss(loss_sum / max(n, 1), epoch, lr, steps, steps)
     return {"loss": loss_sum / max(n, 1), "acc": correct / max(n, 1), "images": int(n), "lr": lr}
-
-
-def check_finite(loss, epoch, lr):
-    """Stop a diverged run (Diverged) before its epoch is evaluated or saved. It reads the
-    reduced loss the loop has already read back, so it adds no sync; every rank holds the
-    same value and stops alike. Only the loss counts: steps that an fp16 GradScaler skips
-    for inf gradients are its normal work."""
-    if math.isfinite(loss):
-        return
-    raise Diverged(f"training diverged in epoch {epoch + 1}: the training loss became {loss} at LR {lr:.4g}; "
-                   "nothing of this epoch was saved. Resume from the last checkpoint with a smaller LR "
-                   "(--resume --lr ...), a longer --warmup-epochs, or fewer processes")
 
 
 @torch.no_grad()

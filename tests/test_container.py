@@ -22,7 +22,7 @@ import subprocess
 
 import pytest
 
-from helpers import PY, ROOT, assert_states_equal, env, load_ckpt, read_metrics, readme_blocks
+from helpers import PY, ROOT, assert_states_equal, env, load_ckpt, read_metrics, readme_blocks, skip_or_fail
 
 HEADING = "## Run in a container"
 UID = 4242  # no such user in the image: it must run as any UID
@@ -91,7 +91,7 @@ def install_missing():
 @pytest.fixture(scope="module")
 def podman(tmp_path_factory, request):
     if os.geteuid() != 0:
-        pytest.skip("the container tests need root (podman's storage, runc and network namespaces)")
+        skip_or_fail("the container tests need root (podman's storage, runc and network namespaces)")
     install_missing()
     p = Podman(tmp_path_factory.mktemp("podman"))
     request.addfinalizer(p.remove_everything)
@@ -217,7 +217,7 @@ def cluster(tmp_path):
     r = sh(["bash", script, "up", "2"], env=cenv)
     try:
         if r.returncode == 77:
-            pytest.skip(f"no cluster of network namespaces here: {r.stderr.strip()}")
+            skip_or_fail(f"no cluster of network namespaces here: {r.stderr.strip()}")
         assert_ran(r)
         hosts = next(ln.split("=", 1)[1] for ln in r.stdout.splitlines() if ln.startswith("CLUSTER_HOSTS="))
         yield [h.split(":")[0] for h in hosts.split(",")]

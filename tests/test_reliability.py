@@ -1,6 +1,8 @@
 """Failures: bad input, broken files, a full disk, killed processes, exact resume, two runs
 on one folder, and the modes of what a run writes."""
+import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -11,7 +13,7 @@ import time
 import pytest
 import torch
 
-from helpers import (PY, ROOT, UNTIL_ENDED, assert_one_line_error, assert_states_equal, common_args,
+from helpers import (PY, ROOT, UNTIL_ENDED, assert_ok, assert_one_line_error, assert_states_equal, common_args,
                      elastic_cmd, env, horovod_cmd, is_gone, kill_rank_and_wait, last_line, load_ckpt,
                      metrics_rows, parse_eval, probe_cmd, rank_pids, read_metrics, run, run_ddp, run_horovod,
                      run_main, wait_until, without_lr)
@@ -194,38 +196,69 @@ def test_checkpoint_with_pickled_code_is_refused(run2, data_dir, tmp_path):
 # Divergence
 
 KEPT = ("ckpt.pth", "best.pth", "metrics.csv")
+# One step an epoch (the batch is larger than a rank's share of the 500 images) at an LR so large
+# that the step's own training loss is finite but the weights it leaves evaluate to nan: only the
+# guard's check of the test loss and the weights stops the epoch before it is saved.
+NAN_EVAL = dict(batch=1024, lr=1e38)
+LAUNCH = {"main": lambda a, tmp: run_main(a), "horovod": lambda a, tmp: run_horovod(2, a),
+          "mpirun": lambda a, tmp: run_horovod(2, a, "mpirun"), "ddp": lambda a, tmp: run_ddp(2, a),
+          "elastic": lambda a, tmp: run(elastic_cmd(slots(tmp), 2, 2, 2, a))}
 
 
-def assert_diverged(r, port, epoch):
-    """One line from rank 0 names the epoch, the LR and the fix; the status is not 0 (3 from
-    the trainer itself; horovodrun and torchrun end with their own status and report)."""
-    assert r.returncode == 3 if port == "main" else r.returncode != 0, r.stderr[-3000:]
+def slots(tmp):
+    (tmp / "slots").write_text("2\n")
+    return tmp / "slots"
+
+
+def assert_diverged(r, port, where, what):
+    """One line from rank 0 names where, what became non-finite, the LR and the fix, and no rank
+    printed a traceback. The trainer's status is 3: main.py's and mpirun's (which passes a
+    rank's on); horovodrun and torchrun end with their own 1 and report the ranks' 3."""
+    out = r.stdout + r.stderr
+    if port in ("main", "mpirun"):
+        assert r.returncode == 3, out[-3000:]
+    elif port in ("horovod", "elastic"):
+        assert r.returncode == 1 and "Exit code: 3\n" in out, out[-3000:]
+    else:
+        assert r.returncode == 1 and re.findall(r"^\s+exitcode\s*: (\d+) ", out, re.M) == ["3", "3"], out[-3000:]
     said = [ln for ln in r.stderr.splitlines() if "diverged" in ln]
     assert len(said) == 1, r.stderr[-3000:]  # every rank stops alike; rank 0 alone says it
-    assert f"training diverged in epoch {epoch}: the training loss became nan at LR" in said[0], said
+    assert f"training diverged in {where}: {what} at LR" in said[0], said
     assert "--resume --lr" in said[0] and "--warmup-epochs" in said[0], said
-    assert "<stderr>:Traceback" not in r.stderr and "[rank0]: Traceback" not in r.stderr, r.stderr[-3000:]
-    if port == "main":
-        assert "Traceback" not in r.stderr
+    assert "<stderr>:Traceback" not in out and "[rank0]: Traceback" not in out, out[-3000:]
+    assert "[rank1]: Traceback" not in out and (port not in ("main", "mpirun") or "Traceback" not in out)
 
 
-@pytest.mark.parametrize("port", ["main", "horovod", "ddp", "elastic"])
-def test_a_diverged_run_stops_in_one_line_and_keeps_the_last_finite_epochs_files(run2, data_dir, tmp_path, port):
-    (tmp_path / "slots").write_text("2\n")
-    launch = {"main": lambda a: run_main(a), "horovod": lambda a: run_horovod(2, a), "ddp": lambda a: run_ddp(2, a),
-              "elastic": lambda a: run(elastic_cmd(tmp_path / "slots", 2, 2, 2, a))}  # commits nothing
-    # Fresh: LR 1e12 turns the loss NaN in epoch 1, so nothing is saved.
+@pytest.mark.parametrize("port", ["main", "horovod", "mpirun", "ddp", "elastic"])
+def test_an_epoch_that_evaluates_to_nan_is_never_saved(run2, data_dir, tmp_path, port):
+    # Fresh: epoch 1's training loss is finite, its test loss nan, and nothing is written.
     fresh = tmp_path / "fresh"
-    assert_diverged(launch[port](common_args(data_dir, fresh, lr=1e12)), port, 1)
-    assert not any((fresh / f).exists() for f in KEPT[:2]), os.listdir(fresh)
-    assert not (fresh / "metrics.csv").exists() or not read_metrics(fresh)
-    if port in ("ddp", "elastic"):
-        return  # the resumed case is the same engine code as under Horovod, below
-    # Resumed after 2 finite epochs: epoch 3 diverges, and the files stay as epoch 2 left them.
+    r = LAUNCH[port](common_args(data_dir, fresh, **NAN_EVAL, epochs=3), tmp_path)
+    assert_diverged(r, port, "epoch 1", "the test loss became nan")
+    assert not any((fresh / f).exists() for f in KEPT), os.listdir(fresh)
+    if port not in ("main", "mpirun"):
+        return  # the resumed case runs the same engine and loop code as these two
+    # Resumed after 2 finite epochs: epoch 3 diverges, and the files stay as epoch 2 left them;
+    # a resume from what is left trains.
     resumed = fresh_copy(run2, tmp_path / "resumed")
     before = {f: (resumed / f).read_bytes() for f in KEPT}
-    assert_diverged(launch[port](common_args(data_dir, resumed, "--resume", epochs=3, lr=1e12)), port, 3)
+    r = LAUNCH[port](common_args(data_dir, resumed, "--resume", **NAN_EVAL, epochs=3), tmp_path)
+    assert_diverged(r, port, "epoch 3", "the test loss became nan")
     assert {f: (resumed / f).read_bytes() for f in KEPT} == before, "the diverged epoch saved nothing"
+    if port == "main":
+        assert_ok(run_main(without_lr(common_args(data_dir, resumed, "--resume", epochs=3))))
+        rows = read_metrics(resumed)
+        assert [x["epoch"] for x in rows] == ["1", "2", "3"] and all(math.isfinite(float(x["test_loss"]))
+                                                                     for x in rows)
+
+
+def test_a_loss_that_turns_nan_mid_epoch_stops_at_the_next_log_interval(data_dir, tmp_path):
+    # 8 images a step: step 1's loss is finite, the steps after it are not; the reduced loss read
+    # at step 4 (--log-interval 4) stops both ranks there, and nothing of the epoch is written.
+    ck = tmp_path / "ck"
+    r = run_horovod(2, common_args(data_dir, ck, "--log-interval", 4, batch=8, lr=1e38))
+    assert_diverged(r, "horovod", "epoch 1 (step 4 of 32)", "the training loss became nan")
+    assert not any((ck / f).exists() for f in KEPT), os.listdir(ck)
 
 
 def test_checkpoint_with_non_finite_weights_is_refused(run2, data_dir, tmp_path):

@@ -13,10 +13,9 @@ import os
 import signal
 import time
 
-from helpers import (PY, ROOT, UNTIL_ENDED, assert_ok, assert_states_equal, common_args, horovod_cmd, is_gone,
+from helpers import (ONE_THREAD, PY, ROOT, UNTIL_ENDED, assert_ok, assert_states_equal, common_args, horovod_cmd, is_gone,
                      load_ckpt, metrics_rows, rank_pids, read_metrics, run, run_horovod, wait_until)
 
-# Two ranks per run on this 2-core machine: each rank gets one thread, alone or in the sweep.
 RUN_COLS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "world_size")
 
 
@@ -26,25 +25,51 @@ def sweep_rows(ck):
 
 
 def test_each_run_is_the_run_alone_and_a_diverged_run_ends_alone(data_dir, tmp_path):
+    # One step an epoch: at LR 1e38 the step's loss is finite and the weights it leaves evaluate to
+    # nan, which the divergence guard stops before the epoch is saved.
     ck, alone = tmp_path / "sweep", tmp_path / "alone"
-    r = run(horovod_cmd(4, [*common_args(data_dir, ck), "--sweep", "lr=0.05,1e12"], "mpirun"), timeout=300)
-    assert r.returncode != 0, r.stdout[-2000:]
+    r = run(horovod_cmd(4, [*common_args(data_dir, ck, batch=1024), "--sweep", "lr=0.05,1e38"], "mpirun"),
+            timeout=300, env_extra=ONE_THREAD)
+    assert r.returncode == 1, r.stdout[-2000:]
     errors = [ln for ln in r.stderr.splitlines() if "main_horovod.py: error" in ln]
     assert len(errors) == 2, r.stderr[-3000:]  # the run's own line, then the job's
-    assert errors[0].startswith("main_horovod.py: error: run lr1e12: training diverged in epoch 1")
+    assert errors[0].startswith("main_horovod.py: error: run lr1e38: training diverged in epoch 1: "
+                                "the test loss became nan"), errors
     assert "1 of 2 runs failed" in errors[1] and "Traceback" not in r.stderr
     rows = sweep_rows(ck)
     assert rows["lr0.05"]["status"] == "finished" and rows["lr0.05"]["epochs"] == "2"
-    assert rows["lr1e12"]["status"].startswith("failed: training diverged")
-    assert not (ck / "lr1e12" / "ckpt.pth").exists() and (ck / "sweep.png").stat().st_size > 0
+    assert rows["lr1e38"]["status"].startswith("failed: training diverged")
+    assert not [f for f in ("ckpt.pth", "best.pth", "metrics.csv") if (ck / "lr1e38" / f).exists()]
+    assert (ck / "sweep.png").stat().st_size > 0
     assert "lr=0.05     1  " in r.stdout, r.stdout[-2000:]  # the table
-    # The finished run, bitwise, is the same flags trained alone at np=2.
-    assert_ok(run_horovod(2, common_args(data_dir, alone), "mpi"))
+    # The finished run, bitwise, is the same flags trained alone at np=2, with the same threads
+    # per process (one) on both sides, whatever the machine's cores.
+    assert_ok(run_horovod(2, common_args(data_dir, alone, batch=1024), "mpi", env_extra=ONE_THREAD))
     assert_states_equal(load_ckpt(ck / "lr0.05" / "ckpt.pth")["model"], load_ckpt(alone / "ckpt.pth")["model"],
                         "sweep run and the run alone")
     assert [[x[c] for c in RUN_COLS] for x in read_metrics(ck / "lr0.05")] == \
         [[x[c] for c in RUN_COLS] for x in read_metrics(alone)]
     assert float(rows["lr0.05"]["final_test_acc"]) == float(read_metrics(alone)[-1]["test_acc"])
+
+
+def test_an_error_that_one_rank_of_a_run_meets_ends_that_run_alone(data_dir, tmp_path):
+    # Two runs of two ranks (mpirun -np 4). seed1's folder holds a corrupt ckpt.pth, which its rank
+    # 0 alone reads (the sweep's --auto-resume): that run ends with rank 0's line naming it, its
+    # other rank stops without a line of its own, seed0 finishes, and the job exits 1.
+    ck = tmp_path / "ck"
+    (ck / "seed1").mkdir(parents=True)
+    (ck / "seed1" / "ckpt.pth").write_bytes(b"PK\x03\x04 not really a zip")
+    r = run(horovod_cmd(4, [*common_args(data_dir, ck, epochs=1), "--sweep", "seed=0,1"], "mpirun"),
+            timeout=300)
+    assert r.returncode == 1, r.stderr[-3000:]
+    errors = [ln for ln in r.stderr.splitlines() if "main_horovod.py: error" in ln]
+    assert len(errors) == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert errors[0].startswith("main_horovod.py: error: run seed1: checkpoint ") \
+        and "truncated or corrupt" in errors[0], errors
+    assert "1 of 2 runs failed" in errors[1], errors
+    rows = sweep_rows(ck)
+    assert rows["seed0"]["status"] == "finished" and rows["seed0"]["epochs"] == "1"
+    assert rows["seed1"]["status"].startswith("failed: checkpoint ")
 
 
 def test_a_resubmitted_sweep_continues_each_run_and_then_trains_nothing(data_dir, tmp_path):
