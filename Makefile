@@ -5,7 +5,7 @@ DEMO_DIR := checkpoint/demo
 
 GPU_PYTHON ?= python3
 
-.PHONY: setup demo test gpu-check image
+.PHONY: setup demo test lint gpu-check image
 # TORCH=system PYTHON=/path/to/python: use that Python's torch and torchvision (README).
 setup:
 	bash scripts/setup.sh
@@ -18,6 +18,10 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q tests
+
+# ruff (pyproject.toml): line length, import order, unused names.
+lint: setup
+	$(VENV)/bin/ruff check .
 
 # On a GPU machine: set up against its PyTorch, then short real jobs, one line each with images/s.
 gpu-check:

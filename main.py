@@ -13,57 +13,52 @@ main_horovod.py on many processes with Horovod, main_ddp.py with PyTorch's DDP.
 import sys
 import time
 
-import checkpoints
-import cli
-import data
-import devices
-import divergence
-import launch
-import runlog
+from training import checkpoints, cli, data, devices, divergence, launch, runlog
 import utils
 
 
 def main(argv=None):
     args = cli.parse_args(cli.build_parser(__doc__), argv)
+    device = devices.place()
+    world = utils.World()  # one process: rank 0 of 1, its metric sums its own
     launch.stop_on(args.stop_signal)  # a scheduler's warning signal, as SIGTERM
-    device = devices.pick_device()
-    devices.share_cores(device)
-    port = utils.Port()  # one process: rank 0 of 1, its metric sums its own
-    reports = port.reports
+    reports = world.reports
 
     checkpoints.preflight(args, reports)
     data.prepare(args)
     train_set, test_set = data.load(args)
-    train_loader, test_loader = utils.make_loaders(args, train_set, test_set, device, port)
+    train_loader, test_loader = utils.make_loaders(args, train_set, test_set, device, world)
 
     model = utils.build_model(args, device)
     optimizer = utils.make_optimizer(model)
     start = checkpoints.restore(args, model, optimizer)
     scaler = utils.make_scaler(args, device, start["scaler"])
-    schedule = utils.LRSchedule(**start["schedule"], epochs=args.epochs, scale=port.lr_scale,
-                                warmup_epochs=0)
+    schedule = utils.LRSchedule(**start["schedule"], epochs=args.epochs, scale=world.lr_scale,
+                                warmup_epochs=args.warmup_epochs)
     train_model = utils.training_model(args, model, optimizer)
 
     if args.evaluate:
-        test = utils.evaluate(train_model, test_loader, args, port)
+        test = utils.evaluate(train_model, test_loader, args, world)
         runlog.report_evaluation(test, reports)
         return model, test
 
-    log = runlog.RunLog(args, reports, port.size, start["history"], start["epoch"])
+    checkpoints.hold_folder(args, reports)  # from here on, this run writes into its folder
+    log = runlog.RunLog(args, reports, world.size, start["history"], start["epoch"])
     best_acc = start["best_acc"]
     for epoch in range(start["epoch"], cli.last_epoch(args)):
         if log.target_reached():  # --target-acc: the last epoch reached it
             break
         t0 = time.perf_counter()
         train = utils.train_epoch(train_model, train_loader, optimizer, scaler, schedule, epoch,
-                                  args, port, profile=epoch == start["epoch"])
+                                  args, world, profile=epoch == start["epoch"])
         seconds = time.perf_counter() - t0
-        test = utils.evaluate(train_model, test_loader, args, port)
-        divergence.check_epoch(model, train, test, epoch, port)  # before anything is saved
+        utils.average_batchnorm(model, world)  # what is evaluated is what is saved
+        test = utils.evaluate(train_model, test_loader, args, world)
+        divergence.check_epoch(model, train, test, epoch, world)  # before anything is saved
         is_best, best_acc = test["acc"] > best_acc, max(best_acc, test["acc"])
         history = log.add(epoch, train, test, seconds)  # the epoch's line and metrics row
         state = checkpoints.checkpoint_state(args, model, optimizer, scaler, schedule, epoch + 1,
-                                             best_acc, port.size, history)
+                                             best_acc, world.size, history)
         with launch.stops_held():  # a stop signal waits for both
             checkpoints.save(args, state, is_best, reports)
             log.write()  # metrics.csv after the checkpoint that holds its rows

@@ -21,18 +21,12 @@ main_horovod.py's. Whoever is rank 0 of the current world writes them, so
 import sys
 import time
 
-import checkpoints
-import cli
-import data
-import devices
-import divergence
 import horovod.torch as hvd
-import launch
-import layout
-import runlog
-import utils
-from errors import TrainerError, UsageError
+
 from main_horovod import distributed_optimizer
+from training import checkpoints, cli, data, devices, divergence, launch, layout, runlog
+from training.errors import TrainerError, UsageError
+import utils
 
 
 def main(argv=None):
@@ -40,12 +34,12 @@ def main(argv=None):
     launch.stop_on(args.stop_signal)  # a scheduler's warning signal, as SIGTERM
     hvd.init()
     device = devices.pick_device(hvd.local_rank(), hvd.local_size())
-    world = World(args, device)  # right after init: Horovod's are the only other threads yet
+    worker = Worker(args, device)  # right after init: Horovod's are the only other threads yet
 
     # Workers start and restart at any time, so no barrier (a collective) here: every
     # worker calls prepare, whose lock lets one do the work while the others wait.
     data.prepare(args)
-    world.sets = data.load(args)
+    worker.sets = data.load(args)
 
     model = utils.build_model(args, device)
     if args.sync_bn:
@@ -60,14 +54,14 @@ def main(argv=None):
         epoch=start["epoch"],  # the next epoch; with the seed, it fixes data order and augmentation
         best_acc=start["best_acc"], history=start["history"], schedule=schedule.state_dict(),
         scaler=scaler.state_dict(), optimizer_state=start["optimizer_state"], error=error)
-    world.reset()
-    state.register_reset_callbacks([world.reset])
+    worker.reset()
+    state.register_reset_callbacks([worker.reset])
     train_model = utils.training_model(args, model, optimizer)
 
     try:
-        return model, run_epochs(state, world, train_model, optimizer, scaler, schedule)
+        return model, run_epochs(state, worker, train_model, optimizer, scaler, schedule)
     finally:
-        world.close_log()
+        worker.close_log()
 
 
 def first_start(args, model, optimizer):
@@ -83,19 +77,21 @@ def first_start(args, model, optimizer):
     if hvd.rank() == 0:
         try:
             checkpoints.preflight(args, True)
-            return checkpoints.restore(args, model, optimizer), None
+            start = checkpoints.restore(args, model, optimizer)
+            checkpoints.hold_folder(args)  # from here on, this run writes into its folder
+            return start, None
         except TrainerError as e:
             return checkpoints.fresh_start(args), e
     return checkpoints.fresh_start(args), None
 
 
 @hvd.elastic.run
-def run_epochs(state, world, train_model, optimizer, scaler, schedule):
+def run_epochs(state, worker, train_model, optimizer, scaler, schedule):
     """The epochs from the last commit to the end, in the current world; Horovod runs it
     again after a change of the world. Here every worker holds rank 0's committed state."""
-    args, port = world.args, world.port
+    args, world = worker.args, worker.world
     if state.error is not None:
-        if port.reports or isinstance(state.error, UsageError):
+        if world.reports or isinstance(state.error, UsageError):
             raise state.error  # a usage error is printed by rank 0 alone
         raise TrainerError("stopping because rank 0 could not start the run (its error is above)")
     if not state.optimizer_state:
@@ -105,24 +101,25 @@ def run_epochs(state, world, train_model, optimizer, scaler, schedule):
     if scaler.is_enabled() and state.scaler:
         scaler.load_state_dict(state.scaler)
     schedule.load_state_dict(state.schedule)
-    schedule.scale = port.lr_scale  # linear scaling by this world's size
-    log = world.start(state.epoch, state.history)
-    train_loader, test_loader = world.loaders
+    schedule.scale = world.lr_scale  # linear scaling by this world's size
+    log = worker.start(state.epoch, state.history)
+    train_loader, test_loader = worker.loaders
     for epoch in range(state.epoch, cli.last_epoch(args)):
         if log.target_reached():  # --target-acc: the last epoch reached it
             break
         t0 = time.perf_counter()
         train = utils.train_epoch(train_model, train_loader, optimizer, scaler, schedule, epoch,
-                                  args, port, profile=epoch == world.first_epoch)
+                                  args, world, profile=epoch == worker.first_epoch)
         seconds = time.perf_counter() - t0
-        test = utils.evaluate(train_model, test_loader, args, port)
-        divergence.check_epoch(state.model, train, test, epoch, port)  # before anything is saved
+        utils.average_batchnorm(state.model, world)  # what is evaluated is what is saved
+        test = utils.evaluate(train_model, test_loader, args, world)
+        divergence.check_epoch(state.model, train, test, epoch, world)  # before anything is saved
         is_best, best_acc = test["acc"] > state.best_acc, max(state.best_acc, test["acc"])
         history = log.add(epoch, train, test, seconds)
         ckpt = checkpoints.checkpoint_state(args, state.model, optimizer, scaler, schedule,
-                                            epoch + 1, best_acc, port.size, history)
+                                            epoch + 1, best_acc, world.size, history)
         with launch.stops_held():  # a stop signal waits for both
-            checkpoints.save(args, ckpt, is_best, port.reports)
+            checkpoints.save(args, ckpt, is_best, world.reports)
             log.write()
         # New objects, not in-place changes: commit() keeps references.
         state.epoch, state.best_acc, state.history = epoch + 1, best_acc, history
@@ -130,7 +127,7 @@ def run_epochs(state, world, train_model, optimizer, scaler, schedule):
         # Saves the state, then raises HostsUpdatedInterrupt if the hosts changed:
         # the epoch is kept, and the run goes on from the next one in the new world.
         state.commit()
-    world.close_log(final=True)
+    worker.close_log(final=True)
     return log.history
 
 
@@ -149,10 +146,10 @@ class ElasticState(hvd.elastic.TorchState):
         print(f"elastic: hosts {what}; the world is resized at the end of this epoch", flush=True)
 
 
-class World:
-    """What depends on this process's rank and the world's size: made at the start and
-    again after every reset (the reset callback runs before the state sync, so it uses
-    no synced value)."""
+class Worker:
+    """This process across the worlds it trains in: what depends on its rank and the world's
+    size is made at the start and again after every reset (the reset callback runs before the
+    state sync, so it uses no synced value)."""
 
     def __init__(self, args, device):
         self.args, self.device = args, device
@@ -161,31 +158,29 @@ class World:
         # a reset starts new ones, which run at normal priority.
         self.spare = devices.other_threads()
         self.sets = None  # (train, test) arrays, set once loaded
-        self.port = self.loaders = self.log = None
+        self.world = self.loaders = self.log = None
         self.size = None  # the size of the last world that trained
         self.first_epoch = None  # the first epoch this process trains, profiled once
 
     def reset(self):
         devices.share_cores(self.device, hvd.local_rank(), hvd.local_size(), self.spare, self.cores)
-        # main_horovod.py's port, of this world (Adasum cannot arise: cli refuses it here)
-        k = self.args.batches_per_allreduce
-        self.port = utils.Port(rank=hvd.rank(), size=hvd.size(),
-                               allreduce=lambda t: hvd.allreduce(t, op=hvd.Sum),
-                               lr_scale=k * hvd.size(), batches_per_allreduce=k)
+        # main_horovod.py's world, of this size (Adasum cannot arise: cli refuses it here)
+        self.world = utils.World.of(self.args, rank=hvd.rank(), size=hvd.size(),
+                                    allreduce=lambda t: hvd.allreduce(t, op=hvd.Sum))
         self.loaders = None  # free the old loaders' copies before building the new ones
-        self.loaders = utils.make_loaders(self.args, *self.sets, self.device, self.port)
+        self.loaders = utils.make_loaders(self.args, *self.sets, self.device, self.world)
         self.close_log()  # rank 0 may be another process now
 
     def start(self, epoch, history):
         """This world begins training at `epoch` with the committed history: its RunLog."""
         if self.first_epoch is None:
             self.first_epoch = epoch
-        if self.port.reports and self.size not in (None, self.port.size):
-            print(f"elastic: world size {self.size} -> {self.port.size}; "
+        if self.world.reports and self.size not in (None, self.world.size):
+            print(f"elastic: world size {self.size} -> {self.world.size}; "
                   f"continuing at epoch {epoch + 1}", flush=True)
-        self.size = self.port.size
+        self.size = self.world.size
         self.close_log()
-        self.log = runlog.RunLog(self.args, self.port.reports, self.port.size, history, epoch)
+        self.log = runlog.RunLog(self.args, self.world.reports, self.world.size, history, epoch)
         return self.log
 
     def close_log(self, final=False):

@@ -2,9 +2,9 @@
 loaders, one epoch of training, and exact evaluation.
 
 The entry points (main.py and its ports) call these functions in the same order.
-What a port differs in reaches the engine as one value, a `Port`: its rank and world
-size, the allreduce of the metric sums, DDP's `no_sync`, the LR scale and the
-backward passes per allreduce. Nothing here imports Horovod or torch.distributed.
+What a port differs in reaches the engine as one value, a `World`: this process's rank
+and the world size, the allreduce of the metric sums, DDP's `no_sync`, the LR scale and
+the backward passes per allreduce. Nothing here imports Horovod or torch.distributed.
 One function knows of Horovod's DistributedOptimizer by its methods:
 `optimizer_step` calls its synchronize() before the step when it has one.
 """
@@ -16,13 +16,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-import data
-import divergence
-import layout
-import loaders
 import models
-from recipe import RECIPE
-from runlog import PhaseTimer, Progress
+from training import data, divergence, layout, loaders
+from training.recipe import RECIPE
+from training.runlog import PhaseTimer, Progress
 
 
 def local_sum(t):
@@ -31,8 +28,9 @@ def local_sum(t):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Port:
-    """What a port differs in, as one value; `Port()` is main.py's single process.
+class World:
+    """The processes this one trains with, as the engine sees them; `World()` is main.py's
+    single process. What a port differs in, as one value.
 
     allreduce(t) returns the sum of t over all ranks (a new tensor; t stays this
     rank's own). lr_scale multiplies the base LR (linear scaling). no_sync: the
@@ -46,6 +44,15 @@ class Port:
     batches_per_allreduce: int = 1
     no_sync: bool = False
     adasum: bool = False
+
+    @classmethod
+    def of(cls, args, *, size, lr_size=None, **fields):
+        """A port's world of `size` processes, as the flags set it: the LR x lr_size (by
+        default the size: linear scaling for gradients averaged over the ranks) x the backward
+        passes per step, and Adasum or not."""
+        lr_size = size if lr_size is None else lr_size
+        return cls(size=size, lr_scale=args.batches_per_allreduce * lr_size, adasum=args.use_adasum,
+                   batches_per_allreduce=args.batches_per_allreduce, **fields)
 
     @property
     def reports(self):
@@ -103,7 +110,7 @@ def compile_mode(args, device):
         return args.compile
     if device.type != "cuda":
         return "default"
-    accumulates = getattr(args, "batches_per_allreduce", 1) > 1
+    accumulates = args.batches_per_allreduce > 1
     return "max-autotune-no-cudagraphs" if accumulates else "reduce-overhead"
 
 
@@ -158,16 +165,16 @@ class LRSchedule:
 # ============================================================================
 # Data loaders
 
-def make_loaders(args, train, test, device, port=Port()):
+def make_loaders(args, train, test, device, world=World()):
     """This rank's (train, test) loaders. A training batch holds the images of all
     of a step's backward passes (--batches-per-allreduce)."""
-    per_step, rank, size = args.batch_size * port.batches_per_allreduce, port.rank, port.size
+    per_step, rank, size = args.batch_size * world.batches_per_allreduce, world.rank, world.size
     if args.loader == "torchvision":
         return (loaders.torchvision_loader(*train, per_step, train=True, rank=rank, size=size,
                                            seed=args.seed, workers=args.workers,
                                            pad=RECIPE["crop_padding"]),
-                loaders.torchvision_loader(*test, args.batch_size, train=False, rank=rank, size=size,
-                                           workers=args.workers))
+                loaders.torchvision_loader(*test, args.batch_size, train=False, rank=rank,
+                                           size=size, workers=args.workers))
     dtype = torch.bfloat16 if args.amp and args.amp_dtype == "bfloat16" else torch.float32
     common = dict(rank=rank, size=size, seed=args.seed, device=device, dtype=dtype,
                   channels_last=layout.wanted(args, device), pad=RECIPE["crop_padding"])
@@ -218,10 +225,11 @@ def summed_copy(all_reduce):
     return allreduce
 
 
-def train_epoch(model, loader, optimizer, scaler, schedule, epoch, args, port=Port(), profile=False):
+def train_epoch(model, loader, optimizer, scaler, schedule, epoch, args, world=World(),
+                profile=False):
     """One pass over this rank's shard. Returns global (loss, acc, images) and the last LR.
 
-    Under --batches-per-allreduce k with `port.no_sync`, DDP's model.no_sync() wraps
+    Under --batches-per-allreduce k with `world.no_sync`, DDP's model.no_sync() wraps
     the first k - 1 backward passes, so that gradients accumulate locally and are
     averaged once. `profile`: time the first --profile-steps steps (the first epoch of a run).
 
@@ -230,7 +238,7 @@ def train_epoch(model, loader, optimizer, scaler, schedule, epoch, args, port=Po
     so the step loop never waits for the device or the other ranks.
     """
     loader.set_epoch(epoch)
-    seed_epoch(args.seed, epoch, port.rank)
+    seed_epoch(args.seed, epoch, world.rank)
     model.train()
     device = next(model.parameters()).device  # the torchvision loader yields CPU tensors
     fmt = layout.memory_format(args, device)
@@ -238,7 +246,7 @@ def train_epoch(model, loader, optimizer, scaler, schedule, epoch, args, port=Po
     steps = len(loader)
     lr = schedule(epoch)
     desc = f"epoch {epoch + 1}"
-    progress = Progress(port.reports)
+    progress = Progress(world.reports)
     bar = progress.bar(steps, desc)
     # --profile-steps beyond the epoch's length profiles the whole epoch.
     profiler = PhaseTimer(min(args.profile_steps, steps) if profile else 0, device)
@@ -249,7 +257,7 @@ def train_epoch(model, loader, optimizer, scaler, schedule, epoch, args, port=Po
         optimizer.zero_grad()
         parts = list(zip(x.split(args.batch_size), y.split(args.batch_size)))
         for i, (xs, ys) in enumerate(parts):  # more than one under --batches-per-allreduce
-            hold = port.no_sync and i + 1 < len(parts)
+            hold = world.no_sync and i + 1 < len(parts)
             with model.no_sync() if hold else contextlib.nullcontext():
                 with profiler.phase("forward"), _autocast(args, device):
                     out = model(xs)
@@ -259,49 +267,48 @@ def train_epoch(model, loader, optimizer, scaler, schedule, epoch, args, port=Po
             stats[0] += loss.detach().double() * len(ys)
             stats[1] += (out.detach().argmax(1) == ys).sum()
             stats[2] += len(ys)
-        optimizer_step(optimizer, scaler, profiler, adasum=port.adasum)
+        optimizer_step(optimizer, scaler, profiler, adasum=world.adasum)
         if step + 1 == profiler.steps:
             progress.write(profiler.summary())
         bar.update(1)
         if (step + 1) % args.log_interval == 0 and step + 1 < steps:
-            loss_sum, correct, n = port.allreduce(stats).tolist()
+            loss_sum, correct, n = world.allreduce(stats).tolist()
             divergence.check_training_loss(loss_sum / n, epoch, lr, step + 1, steps)
             progress.interval(bar, desc, step + 1, steps, loss=loss_sum / n, acc=correct / n, lr=lr)
     bar.close()
-    loss_sum, correct, n = port.allreduce(stats).tolist()
+    loss_sum, correct, n = world.allreduce(stats).tolist()
     divergence.check_training_loss(loss_sum / max(n, 1), epoch, lr, steps, steps)
     return {"loss": loss_sum / max(n, 1), "acc": correct / max(n, 1), "images": int(n), "lr": lr}
 
 
 @torch.no_grad()
-def average_batchnorm(model, port=Port()):
+def average_batchnorm(model, world=World()):
     """Every rank's BatchNorm running statistics replaced by their mean over the ranks, in one
-    reduction. Each rank updates its own from its own batches (neither Horovod nor the DDP port
-    syncs them), so without this the ranks would evaluate slightly different models and the
-    checkpoint would hold only rank 0's. The mean (timm's distribute_bn convention) estimates
-    from all ranks' batches, where rank 0's would use a 1/size share of them. Nothing to do
-    for one process, or under --sync-bn, where the ranks' statistics are already the same."""
-    stats = [b for name, b in model.named_buffers() if name.endswith(("running_mean", "running_var"))]
-    if port.size == 1 or not stats:
+    reduction: the loop's step before each evaluation, so that the ranks evaluate the one
+    model that the checkpoint saves. Each rank updates its own statistics from its own
+    batches (neither Horovod nor the DDP port syncs them); the mean (timm's distribute_bn
+    convention) estimates from all ranks' batches, where rank 0's would use a 1/size share.
+    Under --sync-bn the ranks' statistics are already equal, and their mean in float64 is
+    each of them exactly. Nothing to do for one process."""
+    stats = [b for name, b in model.named_buffers()
+             if name.endswith(("running_mean", "running_var"))]
+    if world.size == 1 or not stats:
         return
     flat = torch.cat([b.detach().double().flatten() for b in stats])
-    mean = port.allreduce(flat) / port.size
+    mean = world.allreduce(flat) / world.size
     for b, part in zip(stats, mean.split([b.numel() for b in stats])):
         b.copy_(part.view_as(b))
 
 
 @torch.no_grad()
-def evaluate(model, loader, args, port=Port()):
-    """Exact test metrics: each rank sums over its disjoint shard, one reduction at the end.
-    The ranks first agree on BatchNorm's running statistics (average_batchnorm), so the
-    figures are those of the one model every rank holds and the checkpoint saves."""
-    if not getattr(args, "sync_bn", False):
-        average_batchnorm(model, port)
+def evaluate(model, loader, args, world=World()):
+    """Exact test metrics of the model as it is: each rank sums over its disjoint shard, one
+    reduction at the end. Nothing of the model changes."""
     model.eval()
     device = next(model.parameters()).device
     fmt = layout.memory_format(args, device)
     stats = torch.zeros(3, dtype=torch.float64, device=device)
-    bar = Progress(port.reports).bar(len(loader), "test")
+    bar = Progress(world.reports).bar(len(loader), "test")
     for x, y in loader:
         x, y = x.to(device, non_blocking=True, memory_format=fmt), y.to(device, non_blocking=True)
         with _autocast(args, device):
@@ -312,7 +319,5 @@ def evaluate(model, loader, args, port=Port()):
         stats[2] += len(y)
         bar.update(1)
     bar.close()
-    loss_sum, correct, n = port.allreduce(stats).tolist()
+    loss_sum, correct, n = world.allreduce(stats).tolist()
     return {"loss": loss_sum / max(n, 1), "acc": correct / max(n, 1), "images": int(n)}
-
-

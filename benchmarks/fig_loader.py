@@ -11,9 +11,8 @@ import time
 
 import torch
 
-import data
-import loaders
 from benchmarks import harness
+from training import data, loaders
 
 NAME = "loader_speedup"
 GOAL = (">=", 20.0)
@@ -88,7 +87,8 @@ def run(cfg, ctx):
         ratios.append(rates[head][-1] / rates[TORCHVISION][-1])
         each = ", ".join(f"{k} {v[-1]:.0f} img/s" for k, v in rates.items())
         harness.log(f"loader repeat {r + 1}/{repeats}: {each}; ratio {ratios[-1]:.1f}")
-    del dev, tv, sides  # stops the torchvision workers
+    sides.clear()  # with dev and tv, the last references: stops the torchvision workers
+    del dev, tv
     out = {
         "value": harness.median(ratios), "repeats": ratios,
         "ratio_of_medians": harness.median(rates[head]) / harness.median(rates[TORCHVISION]),

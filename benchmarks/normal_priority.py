@@ -8,9 +8,8 @@ as spare. Benchmarks only: the trainers never run it.
 """
 import sys
 
-import devices
-import launch
 import main_horovod
+from training import devices, launch
 
 
 def no_threads():

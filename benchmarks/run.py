@@ -72,7 +72,6 @@ import time
 
 import torch
 
-import devices
 from benchmarks import (
     fig_accuracy,
     fig_ddp,
@@ -85,6 +84,7 @@ from benchmarks import (
     fig_sweep,
     harness,
 )
+from training import devices
 
 # The registry: every figure, in the order they run and are reported. A new figure
 # is a fig_*.py module with harness.py's interface, and one entry here.

@@ -105,7 +105,7 @@ class TrainerRuns:
     """Runs main.py / main_horovod.py on pre-generated synthetic data, fresh checkpoint dir each."""
 
     def __init__(self, cfg, scratch):
-        import data  # the trainers' generator; torch only where figures run
+        from training import data  # the trainers' generator; torch only where figures run
         self.cfg, self.scratch = cfg, scratch
         self.data_dir = os.path.join(scratch, "trainer-data")
         self.count, self.lock = 0, threading.Lock()
@@ -147,6 +147,8 @@ class TrainerRuns:
     def command(self, kind, ckpt, pin=None, flags=()):
         """The command line of a run of `kind` writing to `ckpt` (see run)."""
         script = {"main": "main.py", "ddp": "main_ddp.py", "ddp2": "main_ddp.py"}.get(kind, "main_horovod.py")
+        if "--sweep" in flags:  # many runs as one job: main_sweep.py, with main_horovod.py's flags
+            script = "main_sweep.py"
         entry = ["-m", "benchmarks.normal_priority"] if kind.endswith("-normal") else [script]
         # main.py has no --warmup-epochs (it belongs to the ports); at np=1 the
         # warm-up is a no-op anyway (LR scale 1), and it is 0 for np=2 here too.

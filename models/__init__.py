@@ -9,9 +9,26 @@ registry name is kuangliu's constructor name in lower case (VGG('VGG16') is
 Importing this package only defines things: no printing, no downloads, no
 models built.
 """
-from . import (densenet, dla, dla_simple, dpn, efficientnet, googlenet, lenet, mobilenet,
-               mobilenetv2, pnasnet, preact_resnet, regnet, resnet, resnext, senet,
-               shufflenet, shufflenetv2, vgg)
+from . import (
+    densenet,
+    dla,
+    dla_simple,
+    dpn,
+    efficientnet,
+    googlenet,
+    lenet,
+    mobilenet,
+    mobilenetv2,
+    pnasnet,
+    preact_resnet,
+    regnet,
+    resnet,
+    resnext,
+    senet,
+    shufflenet,
+    shufflenetv2,
+    vgg,
+)
 
 
 def _shufflenetv2(num_classes=10):

@@ -52,7 +52,8 @@ class Tree(nn.Module):
         # Registered from the highest level down, like kuangliu; each subtree
         # gets the tree input (so they all downsample by `stride`).
         for i in reversed(range(1, level)):
-            setattr(self, f"level_{i}", Tree(block, in_channels, out_channels, level=i, stride=stride))
+            setattr(self, f"level_{i}",
+                    Tree(block, in_channels, out_channels, level=i, stride=stride))
         self.prev_root = block(in_channels, out_channels, stride=stride)
         self.left_node = block(out_channels, out_channels, stride=1)
         self.right_node = block(out_channels, out_channels, stride=1)

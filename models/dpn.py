@@ -57,10 +57,14 @@ class DPN(nn.Module):
         self.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
         self.bn1 = nn.BatchNorm2d(64)
         self.last_planes = 64
-        self.layer1 = self._make_layer(in_planes[0], out_planes[0], num_blocks[0], dense_depth[0], 1)
-        self.layer2 = self._make_layer(in_planes[1], out_planes[1], num_blocks[1], dense_depth[1], 2)
-        self.layer3 = self._make_layer(in_planes[2], out_planes[2], num_blocks[2], dense_depth[2], 2)
-        self.layer4 = self._make_layer(in_planes[3], out_planes[3], num_blocks[3], dense_depth[3], 2)
+        self.layer1 = self._make_layer(in_planes[0], out_planes[0], num_blocks[0],
+                                        dense_depth[0], 1)
+        self.layer2 = self._make_layer(in_planes[1], out_planes[1], num_blocks[1],
+                                        dense_depth[1], 2)
+        self.layer3 = self._make_layer(in_planes[2], out_planes[2], num_blocks[2],
+                                        dense_depth[2], 2)
+        self.layer4 = self._make_layer(in_planes[3], out_planes[3], num_blocks[3],
+                                        dense_depth[3], 2)
         self.linear = nn.Linear(self.last_planes, num_classes)
 
     def _make_layer(self, in_planes, out_planes, count, dense_depth, stride):

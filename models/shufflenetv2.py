@@ -100,7 +100,8 @@ class ShuffleNetV2(nn.Module):
     def __init__(self, net_size=1, num_classes=10):
         super().__init__()
         if net_size not in configs:
-            raise ValueError(f"unknown ShuffleNetV2 net_size {net_size!r}; expected one of {sorted(configs)}")
+            raise ValueError(f"unknown ShuffleNetV2 net_size {net_size!r}; "
+                             f"expected one of {sorted(configs)}")
         out_channels = configs[net_size]["out_channels"]
         num_blocks = configs[net_size]["num_blocks"]
         self.conv1 = nn.Conv2d(3, 24, kernel_size=3, stride=1, padding=1, bias=False)

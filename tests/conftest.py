@@ -16,7 +16,7 @@ import helpers  # noqa: E402
 if helpers.ROOT not in sys.path:
     sys.path.insert(0, helpers.ROOT)
 
-import data  # noqa: E402
+from training import data  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -15,8 +15,8 @@ import time
 
 import torch
 
-import cli
 from benchmarks.trainer_runs import rank_pids, trainer_pids  # noqa: F401 (the tests' too)
+from training import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
@@ -75,7 +75,7 @@ def common_args(data_dir, ckpt_dir, *extra, epochs=2, batch=32, lr=0.05):
 
 def parse(*argv, port=None):
     """A trainer's parsed and checked flags, in process: main.py's, or with port="horovod",
-    "elastic" or "ddp" that port's."""
+    "elastic", "ddp" or "sweep" that trainer's."""
     parser = cli.build_parser("")
     if port:
         getattr(cli, f"add_{port}_args")(parser)
@@ -267,6 +267,23 @@ def wait_until(check, timeout, what, job=None, interval=0.1):
     if job is not None:
         job.kill()
     pytest.fail(f"no {what} after {timeout}s" + (f":\n{job.output()[-4000:]}" if job else ""))
+
+
+def assert_the_diff_is_the_port(port, tag, cap=40):
+    """`diff main.py <port>` shows only the port: at most `cap` changed lines, each block of
+    them says why in a `tag` comment line of its own (as in Horovod's examples: no trailing
+    tag comments, so no sentence runs across them), no line is over 100 characters, and the
+    port has main.py's functions in main.py's order (its own may follow them)."""
+    blocks = diff_blocks("main.py", port)
+    assert sum(len(old) + len(new) for old, new in blocks) <= cap
+    untagged = [new for old, new in blocks if not any(ln.lstrip().startswith(tag) for ln in new)]
+    assert not untagged, f"every changed block says why on a '{tag}' line above it: {untagged}"
+    trailing = [ln for _, new in blocks for ln in new if tag in ln and not ln.lstrip().startswith(tag)]
+    assert not trailing, f"'{tag}' comments stand on their own lines: {trailing}"
+    text = open(os.path.join(ROOT, port)).read()
+    assert not [ln for ln in text.splitlines() if len(ln) > 100], f"{port}: lines over 100 characters"
+    names = [re.findall(r"^def (\w+)", open(os.path.join(ROOT, f)).read(), re.M) for f in ("main.py", port)]
+    assert names[1][:len(names[0])] == names[0]
 
 
 def diff_blocks(a, b):

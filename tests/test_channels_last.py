@@ -11,8 +11,23 @@ import shutil
 
 import pytest
 
-from helpers import (BIN, PY, ROOT, assert_ok, assert_ranks_identical, common_args, last_line, load_ckpt,
-                     load_ranks, parse_eval, read_metrics, run, run_horovod, run_main, without_lr)
+from helpers import (
+    BIN,
+    PY,
+    ROOT,
+    assert_ok,
+    assert_ranks_identical,
+    common_args,
+    last_line,
+    load_ckpt,
+    load_ranks,
+    parse_eval,
+    read_metrics,
+    run,
+    run_horovod,
+    run_main,
+    without_lr,
+)
 
 CL = "--channels-last"
 

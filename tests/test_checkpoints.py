@@ -4,10 +4,10 @@ import os
 import pytest
 import torch
 
-import checkpoints
-import utils
-from errors import TrainerError, UsageError
 from helpers import parse
+from training import checkpoints
+from training.errors import TrainerError, UsageError
+import utils
 
 
 def test_pytorch_cifar_checkpoint_mapping():

@@ -1,10 +1,10 @@
 """cli.py in process: the recipe behind the defaults, and the flag checks."""
 import pytest
 
-import cli
-from errors import UsageError
 from helpers import parse
-from recipe import RECIPE, RECIPES
+from training import cli
+from training.errors import UsageError
+from training.recipe import RECIPE, RECIPES
 
 
 def test_defaults_are_pytorch_cifars_recipe():
@@ -53,17 +53,9 @@ def test_port_flags_are_checked_only_where_the_parser_has_them():
         parse("--batches-per-allreduce", "2")  # main.py has no such flag
 
 
-def test_adasum_needs_mpi_and_a_power_of_two():
-    args = parse("--use-adasum", port="horovod")
-    cli.check_adasum(args, 4, mpi_enabled=True)
-    with pytest.raises(UsageError, match="MPI controller"):
-        cli.check_adasum(args, 4, mpi_enabled=False)
-    with pytest.raises(UsageError, match="power-of-two number of processes, not 3"):
-        cli.check_adasum(args, 3, mpi_enabled=True)
-
-
 def test_compile_modes():
     import torch
+
     import utils
     assert parse().compile is None and parse("--compile").compile == "auto"
     assert utils.compile_mode(parse("--compile"), torch.device("cuda")) == "reduce-overhead"
@@ -80,6 +72,7 @@ def test_compile_modes():
 @pytest.mark.parametrize("port", ["horovod", "ddp"])
 def test_compile_without_cuda_graphs_when_gradients_accumulate(port):
     import torch
+
     import utils
     k2 = parse("--compile", "--batches-per-allreduce", "2", port=port)
     assert utils.compile_mode(k2, torch.device("cuda")) == "max-autotune-no-cudagraphs"
@@ -95,7 +88,17 @@ def test_shared_distributed_flags_mean_the_same_in_both_ports():
     ddp = parse("--batches-per-allreduce", "2", port="ddp")
     shared = ("warmup_epochs", "batches_per_allreduce", "sync_bn")
     assert {k: getattr(hvd, k) for k in shared} == {k: getattr(ddp, k) for k in shared}
-    assert hvd.fp16_allreduce is False and not hasattr(ddp, "fp16_allreduce")
+    assert hvd.fp16_allreduce is False and ddp.fp16_allreduce is False  # one flags object
+
+
+def test_every_trainer_has_every_field_the_engine_reads():
+    # Fields a trainer has no flag for hold the value that means "not used", so the engine
+    # reads args.X under any trainer; a port's own flags set them.
+    main, hvd = parse(), parse("--warmup-epochs", "2", "--batches-per-allreduce", "3", port="horovod")
+    assert {k: getattr(main, k) for k in cli.NOT_USED} == cli.NOT_USED
+    assert (hvd.warmup_epochs, hvd.batches_per_allreduce) == (2.0, 3)
+    with pytest.raises(UsageError, match="unrecognized arguments: --warmup-epochs"):
+        parse("--warmup-epochs", "2")  # a field is not a flag of main.py's
     with pytest.raises(UsageError, match="--batches-per-allreduce must be positive"):
         parse("--batches-per-allreduce", "0", port="ddp")
 
@@ -109,7 +112,7 @@ def test_elastic_refuses_what_an_elastic_job_cannot_do():
 
 
 def test_synthetic_size_is_checked_once_for_flags_and_generator(tmp_path):
-    import data
+    from training import data
     for bad in ("7", "0"):
         with pytest.raises(UsageError, match="--synthetic-size must be a positive multiple of 5"):
             parse("--synthetic-size", bad)
@@ -125,7 +128,7 @@ def test_arch_takes_pytorch_cifars_spelling():
 
 
 def test_sweep_lists_and_their_checks():
-    args = parse("--sweep", "lr=0.05,0.1", "--sweep=seed=0,1,2", port="horovod")
+    args = parse("--sweep", "lr=0.05,0.1", "--sweep=seed=0,1,2", port="sweep")
     assert args.sweep == [("lr", ["0.05", "0.1"]), ("seed", ["0", "1", "2"])]
     for argv, needle in [(["--sweep", "momentum=0.8,0.9"], "FLAG one of lr, seed, batch-size"),
                          (["--sweep", "lr"], "FLAG=V1,V2"),
@@ -133,8 +136,7 @@ def test_sweep_lists_and_their_checks():
                          (["--sweep", "lr=0.1", "--sweep", "lr=0.2"], "each --sweep FLAG may come once"),
                          (["--sweep", "lr=0.1,0.2", "--evaluate"], "evaluate a run with main.py --evaluate")]:
         with pytest.raises(UsageError, match=needle):
-            parse(*argv, port="horovod")
-    with pytest.raises(UsageError, match="elastic runs use gloo; use main_horovod.py for sweeps"):
-        parse("--sweep", "lr=0.1,0.2", port="elastic")
-    with pytest.raises(UsageError, match="unrecognized arguments: --sweep"):
-        parse("--sweep", "lr=0.1,0.2", port="ddp")
+            parse(*argv, port="sweep")
+    for port in ("horovod", "elastic", "ddp", None):  # --sweep is main_sweep.py's alone
+        with pytest.raises(UsageError, match="unrecognized arguments: --sweep .*--sweep is main_sweep.py's: "):
+            parse("--sweep", "lr=0.1,0.2", port=port)

@@ -11,8 +11,8 @@ two only differ in the order Inductor sums in.
 """
 import torch
 
-import utils
 from helpers import PY, assert_ok, assert_states_equal, common_args, load_ckpt, parse, read_metrics, run
+import utils
 
 
 def test_compiled_step_with_hooks_and_accumulation_equals_eager(data_dir, tmp_path):

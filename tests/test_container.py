@@ -83,7 +83,8 @@ def install_missing():
     missing = [tool for tool in ("podman", "runc", "mmdebstrap") if not shutil.which(tool)]
     if missing:
         apt = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing]):
+        for cmd in (["apt-get", "update", "-qq"],
+                    ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing]):
             r = sh(cmd, timeout=600, env=apt)
             assert r.returncode == 0, f"{' '.join(cmd)} failed: {r.stderr[-2000:]}"
 

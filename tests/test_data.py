@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-import data
-from errors import TrainerError
+from training import data
+from training.errors import TrainerError
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +126,7 @@ def cifar_server(tmp_path, synth):
 def test_concurrent_preparers_of_a_fresh_folder_all_succeed_once(tmp_path, synth, cifar_server):
     import json
     import subprocess
+
     from helpers import ROOT, env, probe_cmd
     url, md5, gets = cifar_server
     fresh, go = tmp_path / "fresh", tmp_path / "go"

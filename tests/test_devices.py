@@ -6,9 +6,10 @@ import subprocess
 import pytest
 import torch
 
-import devices
-from errors import UsageError
 from helpers import ROOT, probe_cmd
+from training import devices
+from training.errors import UsageError
+
 
 def place(calls, prefix=(), **env):
     """The placement after each share_cores(cpu, local_rank, local_size) call, in one new process."""

@@ -5,14 +5,24 @@ sharded over the ranks. Unless the ranks agree on those statistics before they e
 metrics.csv holds a figure measured on several slightly different models, and best.pth
 is chosen by it. Here MobileNet (BatchNorm after every convolution) trains two epochs at np=2
 under Horovod and DDP; then main.py --evaluate on ckpt.pth and on best.pth must give the
-figures logged for their epochs. main.py sums the test set in one process, the run over two shards, so the loss may differ
-in its last digits (1e-6 relative); the accuracy is a count and must be equal. Without
+figures logged for their epochs. main.py sums the test set in one process, the run over two
+shards, so the loss may differ in its last digits (1e-6 relative); the accuracy is a count and must be equal. Without
 the agreement the loss differs by percents (see the assertion messages). main_elastic.py
 evaluates through the same utils.evaluate with main_horovod.py's collectives.
 """
 import pytest
 
-from helpers import assert_ok, common_args, last_line, load_ckpt, parse_eval, read_metrics, run_ddp, run_horovod, run_main
+from helpers import (
+    assert_ok,
+    common_args,
+    last_line,
+    load_ckpt,
+    parse_eval,
+    read_metrics,
+    run_ddp,
+    run_horovod,
+    run_main,
+)
 
 # 100 images: 80 to train at batch 16 (3 steps a rank an epoch), 20 to test.
 ARGS = dict(epochs=2, batch=16)

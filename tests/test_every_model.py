@@ -11,8 +11,8 @@ import subprocess
 
 import pytest
 
-import models
 from helpers import BIN, PY, env, probe_cmd
+import models
 
 
 @pytest.mark.parametrize("port", ["ddp", "horovod"])

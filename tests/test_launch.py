@@ -3,9 +3,8 @@ import os
 import signal
 import time
 
-import launch
-import safeio
-from errors import UsageError
+from training import launch, safeio
+from training.errors import UsageError
 
 
 def test_launcher_rank_reads_the_launchers_variables(monkeypatch):
@@ -154,7 +153,8 @@ def test_a_stop_signal_waits_for_the_held_section_then_stops(capsys, monkeypatch
     assert launch.run_cli(main, argv=[]) == 143
     assert written == ["checkpoint", "metrics row"]
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].endswith(": interrupted by SIGTERM; the last finished epoch is in the checkpoint"), err
+    said = ": interrupted by SIGTERM; the last finished epoch is in the checkpoint"
+    assert len(err) == 1 and err[0].endswith(said), err
     # Outside a held section the stop is at once again.
     with launch.stops_held():
         pass

@@ -9,8 +9,8 @@ import subprocess
 import pytest
 import torch
 
-import layout
 from helpers import env, parse, probe_cmd
+from training import layout
 
 CL = torch.channels_last
 

@@ -2,8 +2,7 @@
 import pytest
 import torch
 
-import data
-import loaders
+from training import data, loaders
 
 
 @pytest.mark.parametrize("n,size", [(100, 1), (100, 2), (101, 3), (10000, 7)])

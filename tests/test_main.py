@@ -3,8 +3,7 @@ import os
 
 import pytest
 
-from helpers import (assert_one_line_error, common_args, last_line, load_ckpt, parse_eval,
-                      read_metrics, run_main)
+from helpers import assert_one_line_error, common_args, last_line, load_ckpt, parse_eval, read_metrics, run_main
 
 CKPT_KEYS = {"model", "optimizer", "schedule", "epoch", "best_acc", "arch", "args"}
 

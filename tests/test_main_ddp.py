@@ -12,11 +12,30 @@ import signal
 import pytest
 import torch
 
+from helpers import (
+    ABORTED,
+    UNTIL_ENDED,
+    assert_ok,
+    assert_one_line_error,
+    assert_ranks_identical,
+    assert_states_equal,
+    assert_the_diff_is_the_port,
+    common_args,
+    ddp_cmd,
+    kill_rank_and_wait,
+    last_line,
+    load_ckpt,
+    load_ranks,
+    metrics_rows,
+    parse_eval,
+    read_metrics,
+    run_ddp,
+    run_horovod,
+    run_main,
+    wait_until,
+    without_lr,
+)
 import models
-from helpers import (ABORTED, ROOT, UNTIL_ENDED, assert_ok, assert_one_line_error, assert_ranks_identical,
-                     assert_states_equal, common_args, ddp_cmd,
-                     diff_blocks, kill_rank_and_wait, last_line, load_ckpt, load_ranks, metrics_rows,
-                     parse_eval, read_metrics, run_ddp, run_horovod, run_main, wait_until, without_lr)
 
 ARGS = ("--warmup-epochs", 1)  # the same flags for main_ddp.py and main_horovod.py
 
@@ -176,13 +195,4 @@ def test_bad_input_is_one_line(data_dir, tmp_path):
 
 
 def test_twin_diff_is_only_the_port():
-    blocks = diff_blocks("main.py", "main_ddp.py")
-    assert sum(len(old) + len(new) for old, new in blocks) <= 40
-    untagged = [new for old, new in blocks if not any("# DDP:" in ln for ln in new)]
-    assert not untagged, f"every changed block says why with a '# DDP:' comment: {untagged}"
-    path = os.path.join(ROOT, "main_ddp.py")
-    long = [n for n, ln in enumerate(open(path), 1) if len(ln.rstrip("\n")) > 100]
-    assert not long, f"main_ddp.py: lines over 100 characters: {long}"
-    names = [re.findall(r"^def (\w+)", open(os.path.join(ROOT, f)).read(), re.M)
-             for f in ("main.py", "main_ddp.py")]
-    assert names[1][:len(names[0])] == names[0]  # the port may add its own after them
+    assert_the_diff_is_the_port("main_ddp.py", "# DDP:")

@@ -16,9 +16,21 @@ import contextlib
 import os
 import signal
 
-
-from helpers import (UNTIL_ENDED, assert_states_equal, common_args, elastic_cmd, is_gone, load_ckpt,
-                     metrics_rows, rank_pids, read_metrics, run_horovod, trainer_pids, wait_until, without_lr)
+from helpers import (
+    UNTIL_ENDED,
+    assert_states_equal,
+    common_args,
+    elastic_cmd,
+    is_gone,
+    load_ckpt,
+    metrics_rows,
+    rank_pids,
+    read_metrics,
+    run_horovod,
+    trainer_pids,
+    wait_until,
+    without_lr,
+)
 
 EPOCHS = 6
 JOB_TIMEOUT = 100  # seconds for a whole elastic job

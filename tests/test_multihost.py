@@ -20,10 +20,32 @@ import time
 
 import pytest
 
-from helpers import (BIN, CLUSTER_EPOCHS, ONE_THREAD, PY, ROOT, UNTIL_ENDED, assert_ok,
-                     assert_ranks_identical, assert_states_equal, common_args, env, is_gone, load_ckpt,
-                     load_ranks, metrics_rows, probe_cmd, rank_pids, read_metrics, run, run_horovod,
-                     skip_or_fail, trainer_pids, wait_until, without_lr)
+from helpers import (
+    BIN,
+    CLUSTER_EPOCHS,
+    ONE_THREAD,
+    PY,
+    ROOT,
+    UNTIL_ENDED,
+    assert_ok,
+    assert_ranks_identical,
+    assert_states_equal,
+    common_args,
+    env,
+    is_gone,
+    load_ckpt,
+    load_ranks,
+    metrics_rows,
+    probe_cmd,
+    rank_pids,
+    read_metrics,
+    run,
+    run_horovod,
+    skip_or_fail,
+    trainer_pids,
+    wait_until,
+    without_lr,
+)
 
 SCRIPT = os.path.join(ROOT, "scripts", "local_cluster.sh")
 DISCOVER = os.path.join(ROOT, "scripts", "discover_hosts.sh")

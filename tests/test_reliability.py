@@ -13,10 +13,33 @@ import time
 import pytest
 import torch
 
-from helpers import (PY, ROOT, UNTIL_ENDED, assert_ok, assert_one_line_error, assert_states_equal, common_args,
-                     elastic_cmd, env, horovod_cmd, is_gone, kill_rank_and_wait, last_line, load_ckpt,
-                     metrics_rows, parse_eval, probe_cmd, rank_pids, read_metrics, run, run_ddp, run_horovod,
-                     run_main, wait_until, without_lr)
+from helpers import (
+    PY,
+    ROOT,
+    UNTIL_ENDED,
+    assert_ok,
+    assert_one_line_error,
+    assert_states_equal,
+    common_args,
+    elastic_cmd,
+    env,
+    horovod_cmd,
+    is_gone,
+    kill_rank_and_wait,
+    last_line,
+    load_ckpt,
+    metrics_rows,
+    parse_eval,
+    probe_cmd,
+    rank_pids,
+    read_metrics,
+    run,
+    run_ddp,
+    run_horovod,
+    run_main,
+    wait_until,
+    without_lr,
+)
 
 
 @pytest.fixture(scope="module")

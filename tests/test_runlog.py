@@ -2,7 +2,7 @@
 import argparse
 import os
 
-import runlog
+from training import runlog
 
 
 def _args(folder):

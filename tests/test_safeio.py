@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-import safeio
-from errors import TrainerError
 from helpers import probe_cmd
+from training import safeio
+from training.errors import TrainerError
 
 
 def test_atomic_write_keeps_old_file_on_error(tmp_path):

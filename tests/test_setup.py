@@ -7,8 +7,8 @@ own .venv, install no second copy and get a working Horovod (from the wheel cach
 setup` filled). Training at np=2 on such a set-up is tests/test_container.py's (an image's
 Python). Also: make gpu-check without a GPU says so in one line.
 """
-import os
 import json
+import os
 import shutil
 import subprocess
 import sys

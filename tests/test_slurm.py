@@ -25,9 +25,30 @@ from typing import NamedTuple
 
 import pytest
 
-from helpers import (ABORTED, BIN, CLUSTER_EPOCHS, ONE_THREAD, PY, ROOT, UNTIL_ENDED, assert_ok,
-                     assert_states_equal, common_args, env, is_gone, load_ckpt, load_ranks, metrics_rows,
-                     probe_cmd, read_metrics, run, skip_or_fail, trainer_pids, wait_until, without_lr)
+from helpers import (
+    ABORTED,
+    BIN,
+    CLUSTER_EPOCHS,
+    ONE_THREAD,
+    PY,
+    ROOT,
+    UNTIL_ENDED,
+    assert_ok,
+    assert_states_equal,
+    common_args,
+    env,
+    is_gone,
+    load_ckpt,
+    load_ranks,
+    metrics_rows,
+    probe_cmd,
+    read_metrics,
+    run,
+    skip_or_fail,
+    trainer_pids,
+    wait_until,
+    without_lr,
+)
 
 SCRIPT = os.path.join(ROOT, "scripts", "local_slurm.sh")
 JOB_TIMEOUT = 300  # seconds for one job to start and train a few tiny epochs, on a busy machine
@@ -255,10 +276,11 @@ def test_sbatch_srun_torchrun_ddp_across_nodes_equals_one_host(cluster, one_host
 
 
 def test_sbatch_srun_sweep_runs_one_run_per_node(cluster, data_dir, tmp_path):
-    # horovod_srun.sbatch with --sweep: srun --mpi=pmix starts a rank on each node, mpi4py splits
-    # them into two runs of one rank, and each run equals the same seed trained alone.
+    # horovod_srun.sbatch running main_sweep.py: srun --mpi=pmix starts a rank on each node,
+    # mpi4py splits them into two runs of one rank, and each run equals the same seed alone.
     out, ck = tmp_path / "job.out", tmp_path / "ck"
-    job = submit(cluster, "horovod_srun.sbatch", flags("--sweep", "seed=0,1", epochs=2), data_dir, ck, out)
+    job = submit(cluster, "horovod_srun.sbatch", flags("--sweep", "seed=0,1", epochs=2), data_dir, ck, out,
+                 TRAINER="main_sweep.py")
     info = wait_ended(cluster, job, out)
     text = read(out)
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), text[-4000:]

@@ -5,18 +5,40 @@ horovodrun -np 2 --mpi (the same controller), a run that diverges ends alone whi
 finishes, and the job's status says a run failed. A sweep stopped part-way (by --stop-at, or by
 SIGTERM to every process as Slurm pre-empts) and submitted again continues each run from its own
 checkpoint, and once more trains nothing.
-The process a sweep run places on a host is chosen by its rank among all of the job's processes
-there, not by hvd.local_rank(), which counts within its group. Bad sweeps stop before any work.
+The share of a host a sweep run's process takes is chosen by its rank among all of the job's
+processes there, not by hvd.local_rank(), which counts within its group. Bad sweeps stop before
+any work.
 """
 import csv
 import os
 import signal
 import time
 
-from helpers import (ONE_THREAD, PY, ROOT, UNTIL_ENDED, assert_ok, assert_states_equal, common_args, horovod_cmd, is_gone,
-                     load_ckpt, metrics_rows, rank_pids, read_metrics, run, run_horovod, wait_until)
+from helpers import (
+    ONE_THREAD,
+    PY,
+    ROOT,
+    UNTIL_ENDED,
+    assert_ok,
+    assert_states_equal,
+    common_args,
+    horovod_cmd,
+    is_gone,
+    load_ckpt,
+    metrics_rows,
+    rank_pids,
+    read_metrics,
+    run,
+    run_horovod,
+    wait_until,
+)
 
 RUN_COLS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "world_size")
+
+
+def sweep_cmd(np_, args, launcher):
+    """main_sweep.py under a real launcher (mpirun, horovodrun --mpi or --gloo)."""
+    return horovod_cmd(np_, args, launcher, script="main_sweep.py")
 
 
 def sweep_rows(ck):
@@ -28,12 +50,12 @@ def test_each_run_is_the_run_alone_and_a_diverged_run_ends_alone(data_dir, tmp_p
     # One step an epoch: at LR 1e38 the step's loss is finite and the weights it leaves evaluate to
     # nan, which the divergence guard stops before the epoch is saved.
     ck, alone = tmp_path / "sweep", tmp_path / "alone"
-    r = run(horovod_cmd(4, [*common_args(data_dir, ck, batch=1024), "--sweep", "lr=0.05,1e38"], "mpirun"),
+    r = run(sweep_cmd(4, [*common_args(data_dir, ck, batch=1024), "--sweep", "lr=0.05,1e38"], "mpirun"),
             timeout=300, env_extra=ONE_THREAD)
     assert r.returncode == 1, r.stdout[-2000:]
-    errors = [ln for ln in r.stderr.splitlines() if "main_horovod.py: error" in ln]
+    errors = [ln for ln in r.stderr.splitlines() if "main_sweep.py: error" in ln]
     assert len(errors) == 2, r.stderr[-3000:]  # the run's own line, then the job's
-    assert errors[0].startswith("main_horovod.py: error: run lr1e38: training diverged in epoch 1: "
+    assert errors[0].startswith("main_sweep.py: error: run lr1e38: training diverged in epoch 1: "
                                 "the test loss became nan"), errors
     assert "1 of 2 runs failed" in errors[1] and "Traceback" not in r.stderr
     rows = sweep_rows(ck)
@@ -59,12 +81,12 @@ def test_an_error_that_one_rank_of_a_run_meets_ends_that_run_alone(data_dir, tmp
     ck = tmp_path / "ck"
     (ck / "seed1").mkdir(parents=True)
     (ck / "seed1" / "ckpt.pth").write_bytes(b"PK\x03\x04 not really a zip")
-    r = run(horovod_cmd(4, [*common_args(data_dir, ck, epochs=1), "--sweep", "seed=0,1"], "mpirun"),
+    r = run(sweep_cmd(4, [*common_args(data_dir, ck, epochs=1), "--sweep", "seed=0,1"], "mpirun"),
             timeout=300)
     assert r.returncode == 1, r.stderr[-3000:]
-    errors = [ln for ln in r.stderr.splitlines() if "main_horovod.py: error" in ln]
+    errors = [ln for ln in r.stderr.splitlines() if "main_sweep.py: error" in ln]
     assert len(errors) == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
-    assert errors[0].startswith("main_horovod.py: error: run seed1: checkpoint ") \
+    assert errors[0].startswith("main_sweep.py: error: run seed1: checkpoint ") \
         and "truncated or corrupt" in errors[0], errors
     assert "1 of 2 runs failed" in errors[1], errors
     rows = sweep_rows(ck)
@@ -75,10 +97,10 @@ def test_an_error_that_one_rank_of_a_run_meets_ends_that_run_alone(data_dir, tmp
 def test_a_resubmitted_sweep_continues_each_run_and_then_trains_nothing(data_dir, tmp_path):
     ck = tmp_path / "ck"
     cmd = [*common_args(data_dir, ck, epochs=3), "--sweep", "seed=0,1"]
-    assert_ok(run(horovod_cmd(2, [*cmd, "--stop-at", 1], "mpirun"), timeout=300))
+    assert_ok(run(sweep_cmd(2, [*cmd, "--stop-at", 1], "mpirun"), timeout=300))
     assert {name: r["epochs"] for name, r in sweep_rows(ck).items()} == {"seed0": "1", "seed1": "1"}
     first = {s: read_metrics(ck / s) for s in ("seed0", "seed1")}
-    r = assert_ok(run(horovod_cmd(2, cmd, "mpi"), timeout=300))  # horovodrun --mpi, the same job
+    r = assert_ok(run(sweep_cmd(2, cmd, "mpi"), timeout=300))  # horovodrun --mpi, the same job
     assert r.stdout.count("after epoch 1, best test acc") == 2, r.stdout[-2000:]  # each resumed
     for s in ("seed0", "seed1"):
         rows = read_metrics(ck / s)
@@ -87,7 +109,7 @@ def test_a_resubmitted_sweep_continues_each_run_and_then_trains_nothing(data_dir
     assert "all runs     2  " in r.stdout, r.stdout[-2000:]  # seeds of one setting: mean ± std
     assert " ± " in r.stdout
     done = {s: (ck / s / "ckpt.pth").read_bytes() for s in ("seed0", "seed1")}
-    r = assert_ok(run(horovod_cmd(2, cmd, "mpirun"), timeout=300))
+    r = assert_ok(run(sweep_cmd(2, cmd, "mpirun"), timeout=300))
     assert r.stdout.count("nothing left to train") == 2, r.stdout[-2000:]
     assert {s: (ck / s / "ckpt.pth").read_bytes() for s in done} == done
     assert {name: r["status"] for name, r in sweep_rows(ck).items()} == {"seed0": "finished", "seed1": "finished"}
@@ -99,10 +121,10 @@ def test_sigterm_to_every_rank_stops_every_run_and_the_resubmitted_sweep_finishe
     # epoch saved; the same command again (with a last epoch) continues each run where it stopped.
     ck = tmp_path / "ck"
     cmd = [*common_args(data_dir, ck, "--warmup-epochs", 0, epochs=UNTIL_ENDED), "--sweep", "seed=0,1"]
-    job = jobs(horovod_cmd(2, cmd, "mpirun"))
+    job = jobs(sweep_cmd(2, cmd, "mpirun"))
     for s in ("seed0", "seed1"):
         wait_until(lambda: len(metrics_rows(ck / s)) >= 1, 120, f"an epoch of {s}", job)
-    pids = rank_pids("main_horovod.py", str(ck))
+    pids = rank_pids("main_sweep.py", str(ck))
     assert set(pids) == {0, 1}, pids
     for pid in pids.values():
         os.kill(pid, signal.SIGTERM)
@@ -113,40 +135,46 @@ def test_sigterm_to_every_rank_stops_every_run_and_the_resubmitted_sweep_finishe
     done = {s: load_ckpt(ck / s / "ckpt.pth")["epoch"] for s in ("seed0", "seed1")}
     assert all(len(read_metrics(ck / s)) == done[s] for s in done)
     last = max(done.values()) + 1
-    r = assert_ok(run(horovod_cmd(2, [*cmd, "--stop-at", last], "mpirun"), timeout=300))
+    r = assert_ok(run(sweep_cmd(2, [*cmd, "--stop-at", last], "mpirun"), timeout=300))
     for s in done:
         assert f"after epoch {done[s]}, best test acc" in r.stdout, r.stdout[-3000:]
         assert [int(x["epoch"]) for x in read_metrics(ck / s)] == list(range(1, last + 1))
 
 
-PLACE = """
-import sys
-import horovod.torch as hvd
-from mpi4py import MPI
-import sweep
-rank = MPI.COMM_WORLD.Get_rank()
-hvd.init(comm=MPI.COMM_WORLD.Split(rank, 0))
-with open(f"{sys.argv[1]}/rank{rank}", "w") as f:
-    print(hvd.size(), hvd.local_rank(), *sweep.node_slot(), file=f)
+SHARE = """
+import os, sys
+from training import sweep
+slot, slots = sweep.node_slot()
+sweep.take_host_share(slot, slots)
+with open(f"{sys.argv[1]}/slot{slot}", "w") as f:
+    print(slots, *sorted(os.sched_getaffinity(0)), file=f)
 """
 
 
-def test_sweep_runs_on_one_host_take_different_places(tmp_path):
-    # Two runs of one rank on one host: each run's Horovod sees one process (local rank 0 both),
-    # so the GPU and cores are chosen by the rank among the host's processes instead.
-    assert_ok(run(["mpirun", "-np", "2", "--bind-to", "none", "-x", f"PYTHONPATH={ROOT}", PY, "-c", PLACE, tmp_path]))
-    # Per world rank: the run's size and hvd.local_rank(), then sweep.node_slot().
-    assert [(tmp_path / f"rank{r}").read_text().split() for r in (0, 1)] == [["1", "0", "0", "2"], ["1", "0", "1", "2"]]
+def test_sweep_runs_on_one_host_take_different_shares_of_it(tmp_path):
+    # Two runs of one rank on one host: each run's Horovod would see one process (local rank 0
+    # both), so the sweep first narrows each process to its slot's share of the host (its
+    # cores here; its GPU on a GPU host), by its rank among the host's processes.
+    assert_ok(run(["mpirun", "-np", "2", "--bind-to", "none", "-x", f"PYTHONPATH={ROOT}", PY, "-c", SHARE,
+                   tmp_path]))
+    cores = sorted(os.sched_getaffinity(0))
+    said = [(tmp_path / f"slot{s}").read_text().split() for s in (0, 1)]
+    assert [int(x[0]) for x in said] == [2, 2]
+    shares = [list(map(int, x[1:])) for x in said]
+    if len(cores) >= 2:  # disjoint halves of this machine's cores
+        assert not set(shares[0]) & set(shares[1]) and sorted(shares[0] + shares[1]) == cores, shares
+    else:
+        assert shares == [cores, cores]
 
 
 def test_bad_sweeps_stop_before_any_work(data_dir, tmp_path):
     ck = tmp_path / "ck"
-    r = run_horovod(2, [*common_args(data_dir, ck), "--sweep", "lr=0.05,0.1"], "gloo")
+    r = run(sweep_cmd(2, [*common_args(data_dir, ck), "--sweep", "lr=0.05,0.1"], "gloo"))
     assert r.returncode != 0 and "Horovod's gloo controller; launch with mpirun" in r.stderr, r.stderr[-2000:]
-    r = run(horovod_cmd(3, [*common_args(data_dir, ck), "--sweep", "lr=0.05,0.1"], "mpirun"))
+    r = run(sweep_cmd(3, [*common_args(data_dir, ck), "--sweep", "lr=0.05,0.1"], "mpirun"))
     said = [ln for ln in r.stderr.splitlines() if "error" in ln]
     assert r.returncode != 0 and "makes 2 runs, which do not divide the 3 processes" in said[0], r.stderr[-2000:]
-    assert len([ln for ln in said if "main_horovod.py: error" in ln]) == 1  # said once, by rank 0
-    r = run(horovod_cmd(2, [*common_args(data_dir, ck), "--sweep", "batch-size=32,0"], "mpirun"))
+    assert len([ln for ln in said if "main_sweep.py: error" in ln]) == 1  # said once, by rank 0
+    r = run(sweep_cmd(2, [*common_args(data_dir, ck), "--sweep", "batch-size=32,0"], "mpirun"))
     assert r.returncode != 0 and "--batch-size must be positive (got 0)" in r.stderr, r.stderr[-2000:]
     assert not ck.exists()

@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-import loaders
-import utils
 from helpers import parse
+from training import loaders
+import utils
 
 
 def test_cosine_schedule_per_epoch():
@@ -54,14 +54,14 @@ def test_training_step_loop_has_no_host_sync(monkeypatch):
     scaler = utils.make_scaler(args, torch.device("cpu"))
     schedule = utils.LRSchedule(0.1, 0, 10)
     calls = _count_host_syncs(monkeypatch)
-    out = utils.train_epoch(model, loader, optimizer, scaler, schedule, 0, args, utils.Port())
+    out = utils.train_epoch(model, loader, optimizer, scaler, schedule, 0, args, utils.World())
     assert len(loader) == 10
     assert calls == ["tolist"], "only the end-of-epoch reduction may read values back"
     assert out["images"] == 80
     # The instrument works: a log interval inside the epoch adds exactly its readings.
     calls.clear()
     args = parse("--arch", "lenet", "--batch-size", "8", "--log-interval", "5")
-    utils.train_epoch(model, loader, optimizer, scaler, schedule, 1, args, utils.Port())
+    utils.train_epoch(model, loader, optimizer, scaler, schedule, 1, args, utils.World())
     assert calls == ["tolist", "tolist"]
 
 

@@ -20,8 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-import cli  # noqa: E402
 import models  # noqa: E402
+from training import cli  # noqa: E402
 import utils  # noqa: E402
 
 PORT, NAMES = sys.argv[1], sys.argv[2:] or list(models.MODELS)
@@ -38,8 +38,9 @@ def setup():
     """(rank, wrap(args, model, optimizer) -> (model to call, optimizer), allgather)."""
     if PORT == "ddp":
         import torch.distributed as dist
+
         import main_ddp
-        import process_group
+        from training import process_group
         process_group.join_job(torch.device("cpu"))
 
         def gather(t):
@@ -48,6 +49,7 @@ def setup():
             return torch.stack(out)
         return dist.get_rank(), lambda args, m, opt: (main_ddp.distributed_model(m), opt), gather
     import horovod.torch as hvd
+
     import main_horovod
     hvd.init()
 
@@ -98,5 +100,5 @@ def main():
 if __name__ == "__main__":
     main()
     if PORT == "ddp":  # as main_ddp.py leaves its job (process_group.py says why)
-        import process_group
+        from training import process_group
         process_group.leave_job()

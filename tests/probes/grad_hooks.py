@@ -15,8 +15,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import horovod.torch as hvd  # noqa: E402
 import torch  # noqa: E402
 
-import cli  # noqa: E402
-import layout  # noqa: E402
+from training import (
+    cli,  # noqa: E402
+    layout,  # noqa: E402
+)
 import utils  # noqa: E402
 
 hvd.init()

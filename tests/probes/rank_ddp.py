@@ -19,9 +19,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-import launch  # noqa: E402
 import main_ddp  # noqa: E402
-import process_group  # noqa: E402
+from training import (
+    launch,  # noqa: E402
+    process_group,  # noqa: E402
+)
 
 
 def group_threads():

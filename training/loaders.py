@@ -10,8 +10,7 @@ import math
 
 import torch
 
-from data import MEAN, STD
-
+from training.data import MEAN, STD
 
 # ----------------------------------------------------------------------------
 # Sharding: which samples each rank sees.
@@ -182,7 +181,8 @@ class _StridedSampler(torch.utils.data.Sampler):
         return len(self.idx)
 
 
-def torchvision_loader(images, labels, batch_size, *, train, rank=0, size=1, seed=0, workers=2, pad=4):
+def torchvision_loader(images, labels, batch_size, *, train, rank=0, size=1, seed=0, workers=2,
+                       pad=4):
     """kuangliu's PIL pipeline with a DistributedSampler (call set_epoch on .sampler)."""
     import torchvision.transforms as T
     ops = [T.RandomCrop(32, padding=pad), T.RandomHorizontalFlip()] if train else []
@@ -193,7 +193,8 @@ def torchvision_loader(images, labels, batch_size, *, train, rank=0, size=1, see
             ds, num_replicas=size, rank=rank, shuffle=True, seed=seed)
     else:
         sampler = _StridedSampler(len(ds), rank, size)
-    loader = torch.utils.data.DataLoader(ds, batch_size=batch_size, sampler=sampler, num_workers=workers,
+    loader = torch.utils.data.DataLoader(ds, batch_size=batch_size, sampler=sampler,
+                                         num_workers=workers,
                                          persistent_workers=workers > 0)
     loader.set_epoch = sampler.set_epoch if train else (lambda epoch: None)
     return loader

@@ -4,8 +4,9 @@ Every trainer builds its parser here, so `--help` shows one set of flags; their
 defaults come from the recipe (recipe.py). `parse_args` checks the flags, alone and
 together, and a bad one becomes a UsageError: one line, exit status 2 (launch.py
 prints it). The ports add their own groups: `add_horovod_args`, `add_elastic_args`,
-`add_ddp_args` (the flags the ports share are in `add_distributed_args`), and
-`check_adasum` checks Horovod's against values the port passes in.
+`add_ddp_args`, `add_sweep_args` (the flags the ports share are in `add_distributed_args`).
+Every trainer's flags hold every port's fields (NOT_USED fills those its parser lacks), so
+the engine reads them without asking which trainer it serves.
 
 Only the entry points import this module; nothing here imports Horovod or
 torch.distributed, and nothing here trains.
@@ -15,18 +16,27 @@ import math
 
 import torch
 
-import data
 import models
-from errors import UsageError
-import recipe
-from recipe import RECIPE
+from training import data, recipe
+from training.errors import UsageError
+from training.recipe import RECIPE
 
 FAST = recipe.RECIPES["fast"]
 COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
+# Every trainer's flags hold every port's fields, so that the engine reads args.X without
+# asking which trainer it serves; where a trainer has no such flag, its field holds the value
+# that means "not used" (one process: no warm-up, one backward pass per step, no sweep).
+NOT_USED = {"warmup_epochs": 0.0, "batches_per_allreduce": 1, "sync_bn": False,
+            "fp16_allreduce": False, "use_adasum": False, "allreduce_groups": None, "sweep": None}
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         # One line instead of argparse's usage dump; --help shows the usage.
+        if "--sweep" in message:  # main_horovod.py took it before main_sweep.py did
+            message += ("; --sweep is main_sweep.py's: "
+                        "mpirun -np N python main_sweep.py ... --sweep FLAG=V1,V2")
         raise UsageError(f"{message} (see --help)")
 
 
@@ -41,13 +51,13 @@ def build_parser(doc):
            "pytorch-cifar's recipe, or fast (fewer epochs of larger batches, for a GPU); a flag "
            "given keeps its own value (default: %(default)s)")
     a("--lr", type=float, default=None,
-      help=f"base learning rate per process (default: {RECIPE['lr']} on a fresh run, {FAST['lr']} with "
-           "--recipe fast; with --resume, "
-           "the checkpoint's schedule continues unless --lr is given, which restarts the "
-           "cosine from this value over the remaining epochs)")
+      help=f"base learning rate per process (default: {RECIPE['lr']} on a fresh run, "
+           f"{FAST['lr']} with --recipe fast; with --resume, the checkpoint's schedule continues "
+           "unless --lr is given, which restarts the cosine from this value over the remaining "
+           "epochs)")
     a("--epochs", type=int, default=None,
-      help=f"total epochs, including resumed ones (default: {RECIPE['epochs']}; {FAST['epochs']} with "
-           "--recipe fast)")
+      help=f"total epochs, including resumed ones (default: {RECIPE['epochs']}; "
+           f"{FAST['epochs']} with --recipe fast)")
     a("--target-acc", type=float, default=None, metavar="ACC",
       help="end the run after the first epoch whose test accuracy reaches ACC (a fraction, e.g. "
            "0.94) and say at which epoch and after how much training time")
@@ -55,10 +65,11 @@ def build_parser(doc):
       help="end this run after epoch EPOCH while the schedule still spans --epochs, "
            "e.g. to fit a job's time limit; continue later with --resume")
     a("--batch-size", type=int, default=None,
-      help=f"images per step per process (default: {RECIPE['batch_size']}; {FAST['batch_size']} with "
-           "--recipe fast)")
+      help=f"images per step per process (default: {RECIPE['batch_size']}; "
+           f"{FAST['batch_size']} with --recipe fast)")
     a("--label-smoothing", type=float, default=None, metavar="EPS",
-      help=f"label smoothing of the training loss (default: 0; {FAST['label_smoothing']} with --recipe fast)")
+      help="label smoothing of the training loss (default: 0; "
+           f"{FAST['label_smoothing']} with --recipe fast)")
     a("--data-dir", default="./data", help="where cifar-10-batches-py lives (default: %(default)s)")
     a("--dataset", choices=("cifar10", "synthetic"), default="cifar10",
       help="real CIFAR-10, or generated CIFAR-format data (default: %(default)s)")
@@ -111,7 +122,8 @@ def build_parser(doc):
 
 
 def add_distributed_args(p, title="distributed"):
-    """The flags both ports have, with one meaning (main_horovod.py, main_elastic.py, main_ddp.py)."""
+    """The flags both ports have, with one meaning (main_horovod.py, main_elastic.py,
+    main_ddp.py)."""
     g = p.add_argument_group(title)
     g.add_argument("--warmup-epochs", type=float, default=RECIPE["warmup_epochs"],
                    help="ramp the LR per batch from --lr to the scaled LR over this many epochs "
@@ -135,11 +147,18 @@ def add_horovod_args(p):
     g.add_argument("--allreduce-groups", type=int, default=None, metavar="N",
                    help="allreduce the gradients in N grouped requests per step instead of one per "
                         "tensor (DistributedOptimizer's groups; default: one per tensor)")
+    return p
+
+
+def add_sweep_args(p):
+    """main_sweep.py's flags: the Horovod port's, and --sweep."""
+    add_horovod_args(p)
+    g = p.add_argument_group("sweep")
     g.add_argument("--sweep", action="append", type=sweep_axis, metavar="FLAG=V1,V2,...",
-                   help="main_horovod.py under MPI: train one independent run per combination of the "
-                        "values (repeat --sweep for a product), each on an equal share of the processes, "
-                        f"in CHECKPOINT_DIR/<run>/, summed up in CHECKPOINT_DIR/sweep.csv; FLAG is one of "
-                        f"{', '.join(SWEEPABLE)}")
+                   help="train one independent run per combination of the values (repeat "
+                        "--sweep for a product), each on an equal share of the processes, in "
+                        "CHECKPOINT_DIR/<run>/, summed up in CHECKPOINT_DIR/sweep.csv; FLAG is "
+                        "one of " + ", ".join(SWEEPABLE))
     return p
 
 
@@ -151,7 +170,8 @@ def sweep_axis(text):
     flag, sep, values = text.partition("=")
     flag = flag.removeprefix("--")
     if not sep or flag not in SWEEPABLE or not all(values.split(",")):
-        raise argparse.ArgumentTypeError(f"--sweep takes FLAG=V1,V2,... with FLAG one of {', '.join(SWEEPABLE)}")
+        raise argparse.ArgumentTypeError("--sweep takes FLAG=V1,V2,... with FLAG one of "
+                                         + ", ".join(SWEEPABLE))
     return flag, values.split(",")
 
 
@@ -172,59 +192,66 @@ def add_ddp_args(p):
 def parse_args(parser, argv=None):
     """Parse and check the flags. The port's flags are checked only where the parser has them."""
     args = parser.parse_args(argv)
-    port = vars(args)
-    for key, value in recipe.of(args).items():  # the chosen recipe's defaults, where no flag is given
-        if key in ("epochs", "batch_size", "label_smoothing") and port.get(key) is None:
-            port[key] = value
+    flags = vars(args)
+    for key, value in NOT_USED.items():  # one flags object for every trainer
+        flags.setdefault(key, value)
+    # The chosen recipe's defaults, where no flag is given.
+    for key, value in recipe.of(args).items():
+        if key in ("epochs", "batch_size", "label_smoothing") and flags[key] is None:
+            flags[key] = value
     if not 0 <= args.label_smoothing < 1:
-        raise UsageError(f"--label-smoothing must be at least 0 and below 1 (got {args.label_smoothing})")
+        raise UsageError("--label-smoothing must be at least 0 and below 1 "
+                         f"(got {args.label_smoothing})")
     positive = {"--epochs": args.epochs, "--batch-size": args.batch_size,
                 "--log-interval": args.log_interval,
-                "--batches-per-allreduce": port.get("batches_per_allreduce", 1)}
+                "--batches-per-allreduce": args.batches_per_allreduce}
     for flag, v in positive.items():
         if v <= 0:
             raise UsageError(f"{flag} must be positive (got {v})")
     if args.stop_at is not None and not 0 < args.stop_at <= args.epochs:
-        raise UsageError(f"--stop-at must be between 1 and --epochs {args.epochs} (got {args.stop_at})")
+        raise UsageError(f"--stop-at must be between 1 and --epochs {args.epochs} "
+                         f"(got {args.stop_at})")
     if args.target_acc is not None and not 0 < args.target_acc <= 1:
         raise UsageError(f"--target-acc is a fraction of the test set between 0 and 1, e.g. 0.94 "
                          f"(got {args.target_acc})")
     if args.lr is not None and not (args.lr > 0 and math.isfinite(args.lr)):
         raise UsageError(f"--lr must be a positive number (got {args.lr})")
-    if port.get("allreduce_groups") is not None and port["allreduce_groups"] <= 0:
-        raise UsageError(f"--allreduce-groups must be positive (got {port['allreduce_groups']})")
-    if args.workers < 0 or args.profile_steps < 0 or port.get("warmup_epochs", 0) < 0:
+    if args.allreduce_groups is not None and args.allreduce_groups <= 0:
+        raise UsageError(f"--allreduce-groups must be positive (got {args.allreduce_groups})")
+    if args.workers < 0 or args.profile_steps < 0 or args.warmup_epochs < 0:
         raise UsageError("--workers, --profile-steps and --warmup-epochs must not be negative")
     data.check_synthetic_size(args.synthetic_size)
     if args.arch not in models.MODELS:
-        raise UsageError(f"unknown --arch {args.arch!r}; choose one of: {', '.join(sorted(models.MODELS))}")
-    if port.get("use_adasum") and args.amp and args.amp_dtype == "float16":
-        raise UsageError("--use-adasum cannot work with --amp's float16 GradScaler (Horovod's Adasum "
-                         "optimizer cannot be synchronized early); add --amp-dtype bfloat16 or drop one")
-    if port.get("sync_bn") and not torch.cuda.is_available():
-        raise UsageError("--sync-bn needs CUDA: SyncBatchNorm (Horovod's and PyTorch's) runs on GPUs "
-                         "only; drop it on CPU")
-    if args.compile in ("reduce-overhead", "max-autotune") and port.get("batches_per_allreduce", 1) > 1:
-        raise UsageError(f"--compile {args.compile} captures CUDA graphs, whose gradients are not to be "
-                         "trusted when they accumulate over --batches-per-allreduce > 1; use --compile alone "
-                         "(which then picks max-autotune-no-cudagraphs) or --batches-per-allreduce 1")
+        raise UsageError(f"unknown --arch {args.arch!r}; choose one of: "
+                         + ", ".join(sorted(models.MODELS)))
+    if args.use_adasum and args.amp and args.amp_dtype == "float16":
+        raise UsageError("--use-adasum cannot work with --amp's float16 GradScaler (Horovod's "
+                         "Adasum optimizer cannot be synchronized early); add --amp-dtype bfloat16 "
+                         "or drop one")
+    if args.sync_bn and not torch.cuda.is_available():
+        raise UsageError("--sync-bn needs CUDA: SyncBatchNorm (Horovod's and PyTorch's) runs on "
+                         "GPUs only; drop it on CPU")
+    if args.compile in ("reduce-overhead", "max-autotune") and args.batches_per_allreduce > 1:
+        raise UsageError(f"--compile {args.compile} captures CUDA graphs, whose gradients are not "
+                         "to be trusted when they accumulate over --batches-per-allreduce > 1; use "
+                         "--compile alone (which then picks max-autotune-no-cudagraphs) or "
+                         "--batches-per-allreduce 1")
     if args.compile in ("reduce-overhead", "max-autotune") and not torch.cuda.is_available():
-        raise UsageError(f"--compile {args.compile} captures CUDA graphs and needs CUDA; on the CPU "
-                         "use --compile (default mode) or --compile max-autotune-no-cudagraphs")
+        raise UsageError(f"--compile {args.compile} captures CUDA graphs and needs CUDA; on the "
+                         "CPU use --compile (default mode) or --compile max-autotune-no-cudagraphs")
     if (args.resume or args.auto_resume) and args.evaluate:
-        raise UsageError("--resume and --evaluate do not go together: --evaluate reads the checkpoint on its own")
+        raise UsageError("--resume and --evaluate do not go together: --evaluate reads the "
+                         "checkpoint on its own")
     if sum((args.resume, args.auto_resume, args.overwrite)) > 1:
         raise UsageError("--resume, --auto-resume and --overwrite do not go together: pick one")
-    if port.get("sweep"):
-        flags = [flag for flag, _ in args.sweep]
-        if len(set(flags)) < len(flags):
+    if args.sweep:
+        swept = [flag for flag, _ in args.sweep]
+        if len(set(swept)) < len(swept):
             raise UsageError("each --sweep FLAG may come once; give all its values in one list")
         if args.evaluate or args.checkpoint:
-            raise UsageError("--sweep trains a run per folder; evaluate a run with main.py --evaluate "
-                             "--checkpoint-dir CHECKPOINT_DIR/<run>")
-    if getattr(parser, "elastic", False):
-        if port.get("sweep"):
-            raise UsageError("--sweep needs MPI, and elastic runs use gloo; use main_horovod.py for sweeps")
+            raise UsageError("--sweep trains a run per folder; evaluate a run with main.py "
+                             "--evaluate --checkpoint-dir CHECKPOINT_DIR/<run>")
+    if getattr(parser, "elastic", False):  # the parser's own mark, not a flag
         if args.evaluate:
             raise UsageError("main_elastic.py only trains; evaluate with main.py --evaluate")
         if args.use_adasum:
@@ -236,13 +263,3 @@ def parse_args(parser, argv=None):
 def last_epoch(args):
     """Where this run stops: --stop-at, else --epochs."""
     return args.stop_at or args.epochs
-
-
-def check_adasum(args, size, mpi_enabled):
-    """Horovod's Adasum runs only on its MPI controller and at power-of-two sizes."""
-    if not getattr(args, "use_adasum", False):
-        return
-    if not mpi_enabled:
-        raise UsageError("--use-adasum needs Horovod's MPI controller: launch with horovodrun --mpi or mpirun")
-    if size & (size - 1):
-        raise UsageError(f"--use-adasum needs a power-of-two number of processes, not {size}")

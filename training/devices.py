@@ -1,17 +1,26 @@
 """Where a process computes: its GPU, or its share of the CPU cores.
 
-Two calls, in this order: `pick_device(local_rank, local_size)` chooses the device,
-and `share_cores(device, local_rank, local_size, spare)` divides the host's cores between
-its local processes on the CPU, so they do not oversubscribe it, and gives the `spare`
-threads (Horovod's, from `other_threads()`) only the time that training leaves. Nothing
-here talks to another process: the ports pass in their local rank and size.
+Two steps, in this order, which `place` makes in one call: `pick_device(local_rank,
+local_size)` chooses the device, and `share_cores(device, local_rank, local_size, spare)`
+divides the host's cores between its local processes on the CPU, so they do not
+oversubscribe it, and gives the `spare` threads (Horovod's, from `other_threads()`) only the
+time that training leaves. Nothing here talks to another process: the ports pass in their
+local rank and size.
 """
 import os
 import threading
 
 import torch
 
-from errors import UsageError
+from training.errors import UsageError
+
+
+def place(local_rank=0, local_size=1, spare=()):
+    """pick_device, then share_cores: this process's device, with its share of the cores
+    taken on the CPU."""
+    device = pick_device(local_rank, local_size)
+    share_cores(device, local_rank, local_size, spare)
+    return device
 
 
 def pick_device(local_rank=0, local_size=1):

@@ -15,7 +15,7 @@ import os
 import tempfile
 import time
 
-from errors import TrainerError
+from training.errors import TrainerError
 
 
 def atomic_write(path, write, hint="free space or fix permissions, then --resume"):
@@ -38,7 +38,8 @@ def atomic_write(path, write, hint="free space or fix permissions, then --resume
         while cause is not None and not isinstance(cause, OSError):  # torch.save wraps it
             cause = cause.__cause__ or cause.__context__
         if cause is not None:
-            raise TrainerError(f"could not write {path} ({cause.strerror or cause}); the previous file "
+            raise TrainerError(f"could not write {path} ({cause.strerror or cause}); "
+                               "the previous file "
                                f"is unchanged: {hint}") from e
         raise
     with contextlib.suppress(OSError):  # make the rename itself durable

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from errors import Diverged
+from training.errors import Diverged
 
 FIX = ("nothing of this epoch was saved. Continue from the last checkpoint with a smaller LR "
        "(--resume --lr ...), or start again with a smaller --lr, a longer --warmup-epochs or "
@@ -29,18 +29,20 @@ def check_training_loss(loss, epoch, lr, step, steps):
     if math.isfinite(loss):
         return
     where = f"epoch {epoch + 1}" if step == steps else f"epoch {epoch + 1} (step {step} of {steps})"
-    raise Diverged(f"training diverged in {where}: the training loss became {loss} at LR {lr:.4g}; {FIX}")
+    raise Diverged(f"training diverged in {where}: the training loss became {loss} at LR {lr:.4g}; "
+                   f"{FIX}")
 
 
 @torch.no_grad()
-def check_epoch(model, train, test, epoch, port):
+def check_epoch(model, train, test, epoch, world):
     """Stop (Diverged) when the epoch's reduced test loss is not finite, or the weights it ends
     with are not: the largest magnitude of every floating-point parameter and buffer, reduced
     over the ranks in one sum, so that every rank decides alike. Called after the evaluation,
     before the epoch's metrics row and checkpoints are written."""
-    tensors = [t for t in (*model.parameters(), *model.buffers()) if t.is_floating_point() and t.numel()]
+    tensors = [t for t in (*model.parameters(), *model.buffers())
+               if t.is_floating_point() and t.numel()]
     largest = torch.stack([t.detach().abs().amax().float() for t in tensors]).amax()
-    largest = port.allreduce(largest.reshape(1).double()).item()
+    largest = world.allreduce(largest.reshape(1).double()).item()
     if not math.isfinite(test["loss"]):
         what = f"the test loss became {test['loss']}"
     elif not math.isfinite(largest):

@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 
-from errors import TrainerError
+from training.errors import TrainerError
 
 # Where launchers give a process its rank before any init, in the order they are read:
 # horovodrun; Open MPI's mpirun; torchrun, whose workers under srun inherit the torchrun
@@ -156,7 +156,8 @@ def _exit_status(main, argv, finish, prog, where):
         print(f"{prog}: error{where}: stopping because another rank failed or exited "
               "(its error is above)", file=sys.stderr, flush=True)
         return 1
-    except KeyboardInterrupt as e:  # Ctrl-C, or a stop signal (128 + its number, as shells report it)
+    except KeyboardInterrupt as e:  # Ctrl-C, or a stop signal
+        # (128 + its number, as shells report it)
         signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
         how = f" by {signal.Signals(signum).name}" if isinstance(e, Terminated) else ""
         print(f"{prog}: interrupted{where}{how}; the last finished epoch is in the checkpoint",

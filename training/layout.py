@@ -31,7 +31,8 @@ NCHW = (0, 3, 1, 2)  # NHWC -> NCHW
 
 
 def wanted(args, device):
-    """Whether to train in channels_last: --channels-last / --no-channels-last, else on CUDA only."""
+    """Whether to train in channels_last: --channels-last / --no-channels-last,
+    else on CUDA only."""
     return device.type == "cuda" if args.channels_last is None else args.channels_last
 
 
@@ -40,11 +41,13 @@ def memory_format(args, device):
 
 
 def _is_channels_last(t):
-    return t.dim() == 4 and not t.is_contiguous() and t.is_contiguous(memory_format=torch.channels_last)
+    return (t.dim() == 4 and not t.is_contiguous()
+            and t.is_contiguous(memory_format=torch.channels_last))
 
 
 def _convert(model, optimizer, fmt):
-    model.to(memory_format=fmt)  # keeps the Parameter objects: the optimizer's and Horovod's hooks stay
+    # keeps the Parameter objects: the optimizer's and Horovod's hooks stay
+    model.to(memory_format=fmt)
     for p, state in optimizer.state.items():
         for k, v in state.items():
             if torch.is_tensor(v) and v.dim() == 4 and v.shape == p.shape:

@@ -1,6 +1,7 @@
-"""--sweep: one MPI job split into independent Horovod runs, one per combination of values.
+"""main_sweep.py's --sweep: one MPI job split into independent Horovod runs, one per
+combination of values.
 
-    mpirun -np 8 python main_horovod.py --arch resnet18 --sweep lr=0.05,0.1,0.2,0.4 --sweep seed=0,1
+    mpirun -np 8 python main_sweep.py --arch resnet18 --sweep lr=0.05,0.1,0.2,0.4 --sweep seed=0,1
 
 The product of the --sweep lists makes the runs (here 8). mpi4py splits MPI.COMM_WORLD into
 as many equal groups of consecutive ranks, and each group trains one run as an ordinary
@@ -24,10 +25,8 @@ import statistics
 import sys
 import time
 
-import cli
-from errors import RunsFailed, TrainerError, UsageError
-import launch
-import safeio
+from training import cli, devices, launch, safeio
+from training.errors import RunsFailed, TrainerError, UsageError
 
 COLUMNS = ("run", "status", "epochs", "final_test_acc", "best_test_acc", "train_time_s")
 
@@ -44,18 +43,24 @@ def combinations(axes):
 
 
 def run_argv(args, argv, name, combo):
-    """The flags of one run: the job's, then the run's values and folder (the last wins)."""
+    """The flags of one run: the job's without --sweep, then the run's values and folder (the
+    last wins)."""
+    argv, kept = list(sys.argv[1:] if argv is None else argv), []
+    while argv:
+        a = argv.pop(0)
+        if a == "--sweep":
+            argv.pop(0)
+        elif not a.startswith("--sweep="):
+            kept.append(a)
     extra = [f"--{flag}={value}" for flag, value in combo]
     extra += ["--checkpoint-dir", os.path.join(args.checkpoint_dir, name)]
     if not (args.resume or args.auto_resume or args.overwrite):
         extra.append("--auto-resume")
-    return [*argv, *extra]
+    return [*kept, *extra]
 
 
 def node_slot():
-    """This process's rank among the job's processes on its host, and their number: the GPU and
-    the cores it takes. Under hvd.init(comm=group), hvd.local_rank() counts within the group,
-    so two runs on one host would both take GPU 0."""
+    """This process's rank among the job's processes on its host, and their number."""
     from mpi4py import MPI
     node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
     try:
@@ -64,59 +69,101 @@ def node_slot():
         node.Free()
 
 
+def take_host_share(slot, slots):
+    """Show this process only its share of the host, as a launcher's binding does: the GPU of
+    its slot where the host has a GPU for each (CUDA_VISIBLE_DEVICES, before CUDA starts), and
+    its share of the cores (its affinity). A run's port then places itself within that share
+    by hvd.local_rank(), which counts within the run's group: two runs on one host would
+    otherwise both take GPU 0 and the same cores."""
+    import torch
+    gpus = torch.cuda.device_count()  # NVML's count: CUDA is not started by it
+    if gpus > 1 and gpus >= slots:
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = shown.split(",") if shown else [str(i) for i in range(gpus)]
+        os.environ["CUDA_VISIBLE_DEVICES"] = ids[slot * gpus // slots]
+    cores, _ = devices.core_share(devices.ordered_cores(os.sched_getaffinity(0)), slot, slots)
+    os.sched_setaffinity(0, cores)
+
+
 def check_controller():
     """The split needs Horovod on MPI; the gloo controller has no communicator to split."""
     import horovod.torch as hvd
     if os.environ.get("HOROVOD_CONTROLLER") == "gloo" or not hvd.mpi_built():
-        raise UsageError("--sweep splits an MPI job with mpi4py and this job runs on Horovod's gloo "
-                         "controller; launch with mpirun, srun --mpi=pmix or horovodrun --mpi")
+        raise UsageError("--sweep splits an MPI job with mpi4py and this job runs on Horovod's "
+                         "gloo controller; launch with mpirun, srun --mpi=pmix or horovodrun --mpi")
 
 
 def run(main, args, argv):
-    """Train this process's run of the sweep in its group, then gather every run's outcome on
-    world rank 0, which writes sweep.csv and sweep.png. Every check that can fail for the whole
-    sweep runs on every rank before any work, so all stop alike with one line."""
-    import horovod.torch as hvd
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """main_sweep.py: every check first (check_sweep), then this process's run in its group
+    (train_in_group), then the outcomes gathered on world rank 0, which writes sweep.csv and
+    sweep.png (gather_outcomes), and the job's status (RunsFailed when a run failed)."""
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    runs = check_sweep(args, argv, world.Get_size())
+    take_host_share(*node_slot())
+    per_run = world.Get_size() // len(runs)
+    index = world.Get_rank() // per_run
+    group = world.Split(index, world.Get_rank())
+    outcome = train_in_group(main, run_argv(args, argv, *runs[index]), runs[index], group)
+    failed = gather_outcomes(world, group, outcome, args)
+    group.Free()
+    if failed:
+        summary = os.path.join(args.checkpoint_dir, "sweep.csv")
+        raise RunsFailed(f"{failed} of {len(runs)} runs failed (their errors are above, and their "
+                         f"rows in {summary}); the others finished")
+
+
+def check_sweep(args, argv, processes):
+    """The runs, once every check that can fail for the whole sweep has passed on every rank
+    alike, before any work: the controller, each run's flags, the world size."""
     check_controller()
     runs = combinations(args.sweep)
     parser = cli.add_horovod_args(cli.build_parser(""))
     for name, combo in runs:  # every run's flags are sound, or nothing starts
         cli.parse_args(parser, run_argv(args, argv, name, combo))
-    from mpi4py import MPI
-    world = MPI.COMM_WORLD
-    if world.Get_size() % len(runs):
-        raise UsageError(f"--sweep makes {len(runs)} runs, which do not divide the {world.Get_size()} "
-                         f"processes; launch a multiple of {len(runs)} (mpirun -np {len(runs)} or more)")
-    per_run = world.Get_size() // len(runs)
-    index = world.Get_rank() // per_run
-    group = world.Split(index, world.Get_rank())
-    name, combo = runs[index]
-    outcome = {"run": name, **{flag: value for flag, value in combo}}
+    if processes % len(runs):
+        raise UsageError(f"--sweep makes {len(runs)} runs, which do not divide the {processes} "
+                         f"processes; launch a multiple of {len(runs)} "
+                         f"(mpirun -np {len(runs)} or more)")
+    return runs
+
+
+def train_in_group(main, argv, run, group):
+    """Train one run as an ordinary main_horovod.py run of the ranks in `group`: Horovod
+    started on the group's communicator (main's own hvd.init() then finds it started), and
+    shut down after, whatever the run's end. Returns the run's outcome for sweep.csv."""
+    import horovod.torch as hvd
+    name, combo = run
+    outcome = {"run": name, **dict(combo)}
+    hvd.init(comm=group)
     try:
-        _, history = main(run_argv(args, argv, name, combo), comm=group)
+        _, history = main(argv)
         outcome.update(summary(history), status="finished")
     except TrainerError as e:
         outcome.update(status=f"failed: {e}")
         if group.Get_rank() == 0 or not e.every_rank:  # one rank's own error: that rank says it
-            print(f"{os.path.basename(sys.argv[0])}: error: run {name}: {e}", file=sys.stderr, flush=True)
+            print(f"{os.path.basename(sys.argv[0])}: error: run {name}: {e}", file=sys.stderr,
+                  flush=True)
     except Exception as e:  # a collective of this run failed because another of its ranks did
         if not launch.peer_failed(e):
             raise
         outcome.update(status="failed: another rank of this run failed (its error is above)")
-    hvd.shutdown()  # this run's Horovod; the other runs may still be training
+    finally:
+        hvd.shutdown()  # this run's Horovod; the other runs may still be training
+    return outcome
+
+
+def gather_outcomes(world, group, outcome, args):
+    """Once every run has ended, world rank 0 gathers each run's outcome (from its group's rank
+    0) and writes the summary; every rank learns how many runs failed."""
     wait_for_every_run(world)
     outcomes = world.gather(outcome if group.Get_rank() == 0 else None, root=0)
-    group.Free()
     failed = 0
     if world.Get_rank() == 0:
         rows = [o for o in outcomes if o is not None]
         write_summary(args.checkpoint_dir, [flag for flag, _ in args.sweep], rows)
         failed = sum(not r["status"].startswith("finished") for r in rows)
-    failed = world.bcast(failed, root=0)
-    if failed:
-        raise RunsFailed(f"{failed} of {len(runs)} runs failed (their errors are above, and their rows in "
-                         f"{os.path.join(args.checkpoint_dir, 'sweep.csv')}); the others finished")
+    return world.bcast(failed, root=0)
 
 
 def wait_for_every_run(world):
@@ -145,7 +192,8 @@ def write_summary(folder, flags, rows):
     writer = csv.DictWriter(text, columns, extrasaction="ignore", lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
-    safeio.atomic_write(os.path.join(folder, "sweep.csv"), lambda f: f.write(text.getvalue().encode()))
+    safeio.atomic_write(os.path.join(folder, "sweep.csv"),
+                        lambda f: f.write(text.getvalue().encode()))
     settings = by_setting(flags, rows)
     print(table(settings), flush=True)
     plot(os.path.join(folder, "sweep.png"), settings)
@@ -159,7 +207,8 @@ def by_setting(flags, rows):
     for r in rows:
         setting = " ".join(f"{f}={r[f]}" for f in keep) or "all runs"
         groups.setdefault(setting, []).append(r)
-    return [(s, [r["final_test_acc"] for r in rs if r["status"] == "finished"], rs) for s, rs in groups.items()]
+    return [(s, [r["final_test_acc"] for r in rs if r["status"] == "finished"], rs)
+            for s, rs in groups.items()]
 
 
 def mean_std(accs):
@@ -176,7 +225,8 @@ def table(settings):
     lines = [f"{'setting':<{width}}  runs  final test acc", f"{'-' * width}  ----  --------------"]
     for s, accs, rs in settings:
         failed = len(rs) - len(accs)
-        lines.append(f"{s:<{width}}  {len(rs):>4}  {mean_std(accs)}" + (f"  ({failed} failed)" if failed else ""))
+        lines.append(f"{s:<{width}}  {len(rs):>4}  {mean_std(accs)}"
+                     + (f"  ({failed} failed)" if failed else ""))
     return "\n".join(lines)
 
 
@@ -188,8 +238,8 @@ def plot(path, settings):
     fig, ax = plt.subplots(figsize=(max(4, 1 + 0.8 * len(settings)), 3.5))
     for i, (_, accs, _) in enumerate(settings):
         if accs:
-            ax.errorbar(i, statistics.mean(accs), yerr=statistics.stdev(accs) if len(accs) > 1 else 0,
-                        fmt="o", capsize=4, color="C0")
+            spread = statistics.stdev(accs) if len(accs) > 1 else 0
+            ax.errorbar(i, statistics.mean(accs), yerr=spread, fmt="o", capsize=4, color="C0")
     ax.set_xticks(range(len(settings)), [s for s, _, _ in settings], rotation=30, ha="right")
     ax.set_ylabel("final test accuracy")
     fig.tight_layout()

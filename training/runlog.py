@@ -14,8 +14,8 @@ import time
 
 import torch
 
-from errors import TrainerError
-from safeio import atomic_write
+from training.errors import TrainerError
+from training.safeio import atomic_write
 
 METRICS_COLUMNS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc",
                    "epoch_time_s", "train_time_s", "images_per_s", "world_size")
@@ -41,7 +41,8 @@ class Progress:
         if self.tty:
             bar.set_postfix(text)
         elif self.reports:
-            print(f"{desc} [{step}/{total}] " + " ".join(f"{k} {v}" for k, v in text.items()), flush=True)
+            print(f"{desc} [{step}/{total}] " + " ".join(f"{k} {v}" for k, v in text.items()),
+                  flush=True)
 
     def write(self, line):
         if self.reports:
@@ -106,7 +107,8 @@ class RunLog:
             try:
                 os.makedirs(self.dir, exist_ok=True)
             except OSError as e:
-                raise TrainerError(f"cannot create --checkpoint-dir {self.dir} ({e.strerror or e}); "
+                raise TrainerError(f"cannot create --checkpoint-dir {self.dir} "
+                                   f"({e.strerror or e}); "
                                    "choose another folder") from e
             from torch.utils.tensorboard import SummaryWriter  # lazy: heavy import
             self._tb = SummaryWriter(os.path.join(self.dir, "tb"), purge_step=first_epoch + 1)
@@ -114,16 +116,19 @@ class RunLog:
     def add(self, epoch, train, test, seconds):
         """Print the epoch's line and add its row; returns the history, for the checkpoint."""
         before = self.history[-1]["train_time_s"] if self.history else 0.0
-        row = {"epoch": epoch + 1, "lr": train["lr"], "train_loss": train["loss"], "train_acc": train["acc"],
+        row = {"epoch": epoch + 1, "lr": train["lr"], "train_loss": train["loss"],
+               "train_acc": train["acc"],
                "test_loss": test["loss"], "test_acc": test["acc"], "epoch_time_s": seconds,
-               "train_time_s": before + seconds, "images_per_s": train["images"] / max(seconds, 1e-9),
+               "train_time_s": before + seconds,
+               "images_per_s": train["images"] / max(seconds, 1e-9),
                "world_size": self.world_size}
         self.history.append(row)
         if self.reports:
             print(f"epoch {epoch + 1}/{self.args.epochs}  lr {row['lr']:.4g}  "
                   f"train loss {row['train_loss']:.4f} acc {row['train_acc']:.4f}  "
                   f"test loss {row['test_loss']:.4f} acc {row['test_acc']:.4f}  "
-                  f"{seconds:.1f}s {row['images_per_s']:.0f} img/s  world {self.world_size}", flush=True)
+                  f"{seconds:.1f}s {row['images_per_s']:.0f} img/s  world {self.world_size}",
+                  flush=True)
         return list(self.history)
 
     def write(self):
@@ -214,7 +219,8 @@ def plot_curves(history, path):
     for a in ax.flat:
         a.set_xlabel("epoch")
         a.grid(alpha=0.3)
-    ax[0, 2].plot([r["train_time_s"] for r in history], [r["test_acc"] for r in history], marker=".")
+    ax[0, 2].plot([r["train_time_s"] for r in history], [r["test_acc"] for r in history],
+                  marker=".")
     ax[0, 2].set_title("test accuracy against training time")
     ax[0, 2].set_xlabel("training time (s)")
     ax[1, 2].axis("off")

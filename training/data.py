@@ -20,8 +20,8 @@ import tempfile
 import numpy as np
 import torch
 
-from errors import TrainerError, UsageError
-from safeio import atomic_write, once
+from training.errors import TrainerError, UsageError
+from training.safeio import atomic_write, once
 
 FOLDER = "cifar-10-batches-py"
 TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
@@ -68,7 +68,8 @@ def _read_batch(path):
                            "(or --dataset synthetic to regenerate)") from e
     if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
         raise TrainerError(f"corrupt CIFAR batch file {path}: expected data N x 3072 and N labels, "
-                           f"got data {data.shape} and {len(labels)} labels; delete it and regenerate")
+                           f"got data {data.shape} and {len(labels)} labels; "
+                           "delete it and regenerate")
     if labels.size and (labels.min() < 0 or labels.max() >= len(CLASSES)):
         raise TrainerError(f"corrupt CIFAR batch file {path}: labels outside 0..9")
     return data, labels
@@ -115,7 +116,8 @@ def _render(rng, labels):
     proj = (np.cos(a)[:, None, None] * xx + np.sin(a)[:, None, None] * yy)
     stripes = np.sin(f[:, None, None] * proj + phase[:, None, None])  # n x 32 x 32
     contrast = rng.uniform(0.15, 0.3, size=(n, 1, 1, 1))
-    img = colour[:, :, None, None] + contrast * stripes[:, None] + rng.normal(0, 0.08, size=(n, 3, 32, 32))
+    img = (colour[:, :, None, None] + contrast * stripes[:, None]
+           + rng.normal(0, 0.08, size=(n, 3, 32, 32)))
     return (np.clip(img, 0, 1) * 255).round().astype(np.uint8).reshape(n, 3072)
 
 
@@ -141,7 +143,8 @@ def generate_synthetic(folder, train_size, test_size, seed):
         labels = np.arange(n) % 10
         rng.shuffle(labels)
         _write_pickle(os.path.join(folder, name), {
-            "batch_label": f"synthetic {name}", "labels": labels.tolist(), "data": _render(rng, labels),
+            "batch_label": f"synthetic {name}", "labels": labels.tolist(),
+            "data": _render(rng, labels),
             "filenames": [f"synthetic_{name}_{i}.png" for i in range(n)]})
     _write_pickle(os.path.join(folder, META_FILE), {
         "num_cases_per_batch": per_file, "label_names": list(CLASSES), "num_vis": 3072})
@@ -172,7 +175,8 @@ def prepare(args):
                                  args.synthetic_size // 5, args.seed)
         done = functools.partial(os.path.isfile, os.path.join(folder, META_FILE))  # written last
     elif args.download:
-        work, done = functools.partial(download_cifar10, args.data_dir), lambda: not _missing(folder)
+        work, done = (functools.partial(download_cifar10, args.data_dir),
+                      lambda: not _missing(folder))
     else:
         load_check(folder)
         return False
@@ -192,12 +196,14 @@ def download_cifar10(data_dir):
         try:
             download_and_extract_archive(cifar.url, data_dir, tmp, cifar.filename, cifar.tgz_md5)
             for name in os.listdir(os.path.join(tmp, cifar.base_folder)):
-                os.replace(os.path.join(tmp, cifar.base_folder, name), os.path.join(data_dir, FOLDER, name))
+                os.replace(os.path.join(tmp, cifar.base_folder, name),
+                           os.path.join(data_dir, FOLDER, name))
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     except Exception as e:
         raise TrainerError(f"could not download CIFAR-10 into {data_dir} ({e}); "
-                           f"put the extracted {FOLDER} there by hand, or use --dataset synthetic") from e
+                           f"put the extracted {FOLDER} there by hand, "
+                           "or use --dataset synthetic") from e
 
 
 def _missing(folder):
@@ -210,7 +216,8 @@ def load_check(folder, synthetic=False):
     if not missing:
         return
     if synthetic:
-        raise TrainerError(f"synthetic data in {folder} is incomplete (missing {', '.join(missing)}); "
+        raise TrainerError(f"synthetic data in {folder} is incomplete "
+                           f"(missing {', '.join(missing)}); "
                            "delete that folder and run again to regenerate it")
     raise TrainerError(f"CIFAR-10 not found in {folder} (missing {', '.join(missing)}); "
                        "pass --download to fetch it, or --data-dir to point at it")

@@ -9,22 +9,23 @@ no pickled code. pytorch-cifar's checkpoints are read too.
 
 Nothing here talks to other processes: the Horovod ports call `restore` on rank 0 and
 broadcast what it returns, the DDP port calls it on every rank, and `restore` says
-in one line (where `reports`) what a --resume continues.
+in one line (where `reports`) what a --resume continues. A training run then holds its
+folder (`hold_folder`, by the process that reports) before it writes anything there.
 """
 import os
 import socket
 
 import torch
 
-import data
-from errors import TrainerError, UsageError
-from layout import contiguous_state
-import recipe
-from safeio import atomic_write, hold
+from training import data, recipe
+from training.errors import TrainerError, UsageError
+from training.layout import contiguous_state
+from training.safeio import atomic_write, hold
 
 # 2: the LR schedule's state is saved under "schedule" (format 1 called it "scheduler").
 FORMAT = 2
-LAST, BEST = "ckpt.pth", "best.pth"  # in --checkpoint-dir: the last epoch's, the best test accuracy's
+# in --checkpoint-dir: the last epoch's, the best test accuracy's
+LAST, BEST = "ckpt.pth", "best.pth"
 HOLDER = ".run.lock"  # in --checkpoint-dir: locked by the run that writes there
 
 
@@ -85,7 +86,8 @@ def load_checkpoint(path):
         msg = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
         if "unsupported global" in str(e).lower():  # a callable or class, not plain data
             raise TrainerError(f"refusing to load {path}: it contains pickled code or objects, "
-                               "not just tensors and plain values; re-save it as a plain state_dict") from e
+                               "not just tensors and plain values; "
+                               "re-save it as a plain state_dict") from e
         raise TrainerError(f"checkpoint {path} is truncated or corrupt ({msg}); "
                            "use best.pth or an older copy, or start fresh with --overwrite") from e
 
@@ -99,7 +101,8 @@ def as_trainer_checkpoint(ckpt, path):
     if "net" in ckpt:
         # pytorch-cifar saves the epoch it just finished, as a 0-based index, and
         # accuracy in percent; DataParallel adds a `module.` prefix to every key.
-        state = {k[len("module."):] if k.startswith("module.") else k: v for k, v in ckpt["net"].items()}
+        state = {k[len("module."):] if k.startswith("module.") else k: v
+                 for k, v in ckpt["net"].items()}
         return {"model": state, "epoch": int(ckpt.get("epoch", -1)) + 1,
                 "best_acc": float(ckpt.get("acc", 0.0)) / 100, "imported": True}
     raise TrainerError(f"{path} is neither this trainer's checkpoint nor pytorch-cifar's "
@@ -112,7 +115,8 @@ def load_model_state(model, state, path, arch_hint):
     missing = [k for k in mine if k not in state]
     unexpected = [k for k in state if k not in mine]
     if missing or unexpected:
-        raise TrainerError(f"checkpoint {path} does not fit --arch {arch_hint} ({len(missing)} missing and "
+        raise TrainerError(f"checkpoint {path} does not fit --arch {arch_hint} "
+                           f"({len(missing)} missing and "
                            f"{len(unexpected)} unexpected keys, e.g. {(missing + unexpected)[0]}); "
                            "pass the --arch it was trained with")
     for k, v in state.items():
@@ -125,34 +129,27 @@ def load_model_state(model, state, path, arch_hint):
 
 def fresh_start(args):
     """Where a run without a checkpoint starts."""
-    return {"epoch": 0, "best_acc": 0.0, "schedule": {"base_lr": args.lr or recipe.of(args)["lr"], "start_epoch": 0},
+    return {"epoch": 0, "best_acc": 0.0,
+            "schedule": {"base_lr": args.lr or recipe.of(args)["lr"], "start_epoch": 0},
             "history": [], "optimizer_state": False, "scaler": None}
 
 
 def restore(args, model, optimizer, reports=True):
-    """Load the checkpoint into model and optimizer; return where to start. Three steps:
-    read_checkpoint, then (for a training run, by the process that reports) hold_folder,
-    then the schedule to continue (schedule_after). A fresh run starts at epoch 0.
-    `optimizer_state` says whether the optimizer now holds state, which the Horovod port
-    needs to know before broadcasting it.
-    """
+    """Where this run starts, as a dict: a fresh run at epoch 0, else the checkpoint read
+    (read_checkpoint), its weights loaded into model, and for a training run its optimizer
+    state and the schedule to continue (schedule_after). The process that reports says in one
+    line what a resume continues. `optimizer_state` says whether the optimizer now holds
+    state, which the Horovod port needs to know before broadcasting it. It writes nothing:
+    a training run then holds its folder (hold_folder)."""
     if not (resuming(args) or args.evaluate):
-        if reports:
-            hold_folder(args)
         return fresh_start(args)
     path = checkpoint_path(args)
     ckpt = read_checkpoint(args, path)
     load_model_state(model, ckpt["model"], path, args.arch)
-    start = {"epoch": ckpt["epoch"], "best_acc": ckpt.get("best_acc", 0.0),
-             "schedule": saved_schedule(args, ckpt),
-             "history": [r for r in ckpt.get("history", []) if r["epoch"] <= ckpt["epoch"]],
-             "optimizer_state": False, "scaler": ckpt.get("scaler")}
+    start = saved_start(args, ckpt)
     if args.evaluate:
         return start  # the optimizer is not needed, so its state is neither loaded nor sent
-    ended = already_ended(args, path, ckpt["epoch"])
-    if reports:  # the checkpoint is sound: from here on, this run writes into its folder
-        hold_folder(args)
-    if ended:
+    if already_ended(args, path, ckpt["epoch"]):
         if reports:
             print(f"{path} has finished epoch {ckpt['epoch']}: nothing left to train before "
                   f"epoch {args.stop_at or args.epochs}", flush=True)
@@ -162,6 +159,15 @@ def restore(args, model, optimizer, reports=True):
     if reports:  # one process says what it resumed
         print(resume_line(path, start, args, restarted, ckpt.get("imported", False)), flush=True)
     return start
+
+
+def saved_start(args, ckpt):
+    """Where the checkpoint left off: its next epoch, best accuracy, schedule, history (up to
+    that epoch) and GradScaler state."""
+    return {"epoch": ckpt["epoch"], "best_acc": ckpt.get("best_acc", 0.0),
+            "schedule": saved_schedule(args, ckpt),
+            "history": [r for r in ckpt.get("history", []) if r["epoch"] <= ckpt["epoch"]],
+            "optimizer_state": False, "scaler": ckpt.get("scaler")}
 
 
 def read_checkpoint(args, path):
@@ -174,7 +180,8 @@ def read_checkpoint(args, path):
     bad = [k for k, v in ckpt["model"].items() if torch.is_tensor(v) and v.is_floating_point()
            and not torch.isfinite(v).all()]
     if bad:
-        raise TrainerError(f"checkpoint {path} holds non-finite weights ({bad[0]}), as a diverged run leaves "
+        raise TrainerError(f"checkpoint {path} holds non-finite weights ({bad[0]}), "
+                           "as a diverged run leaves "
                            "them; resume from an earlier copy, or start anew with --overwrite")
     return ckpt
 
@@ -191,7 +198,8 @@ def already_ended(args, path, done):
     last = args.stop_at or args.epochs
     ended = done >= last and args.auto_resume
     if done >= args.epochs and not ended:
-        raise UsageError(f"checkpoint {path} has already finished {done} of --epochs {args.epochs}; "
+        raise UsageError(f"checkpoint {path} has already finished {done} "
+                         f"of --epochs {args.epochs}; "
                          "pass a larger --epochs to train on")
     if args.stop_at is not None and args.stop_at <= done and not ended:
         raise UsageError(f"--stop-at {args.stop_at} is not after the checkpoint's epoch {done}, "
@@ -234,7 +242,8 @@ def resume_line(path, start, args, restarted, imported=False):
         lr = (f"the saved cosine (lr {sched['base_lr']:g} from epoch {sched['start_epoch']}) "
               f"continues over {span}")
     origin = " (pytorch-cifar's: no optimizer state)" if imported else ""
-    return f"resuming {path}{origin} after epoch {done}, best test acc {start['best_acc']:.4f}; {lr}"
+    return (f"resuming {path}{origin} after epoch {done}, "
+            f"best test acc {start['best_acc']:.4f}; {lr}")
 
 
 def preflight(args, reports):
@@ -246,7 +255,8 @@ def preflight(args, reports):
     if not reports:
         return
     if (args.resume or args.evaluate) and not os.path.isfile(checkpoint_path(args)):
-        raise TrainerError(f"no checkpoint at {checkpoint_path(args)}: train without --resume first, "
+        raise TrainerError(f"no checkpoint at {checkpoint_path(args)}: "
+                           "train without --resume first, "
                            "or point --checkpoint (or --checkpoint-dir) at one")
     if args.evaluate:
         return
@@ -255,7 +265,8 @@ def preflight(args, reports):
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-        raise TrainerError(f"cannot write to --checkpoint-dir {args.checkpoint_dir} ({parent} is not a "
+        raise TrainerError(f"cannot write to --checkpoint-dir {args.checkpoint_dir} "
+                           f"({parent} is not a "
                            "writable folder); fix its permissions or choose another folder")
     refuse_replacing(args)
 
@@ -268,13 +279,15 @@ def refuse_replacing(args):
                          "replace it, or another --checkpoint-dir")
 
 
-def hold_folder(args):
+def hold_folder(args, reports=True):
     """Make --checkpoint-dir this run's until the process ends, or stop with one line naming
     the run that holds it: two runs writing one folder would overwrite each other's
     checkpoints and metrics in turn. A lock file the kernel drops with its process,
     however it ends, so a restarted job takes the folder over once the old run is gone.
     Under the lock, a fresh run looks again for a checkpoint it must not replace (one that
-    another run finished since preflight)."""
+    another run finished since preflight). Only the process that reports holds it."""
+    if not reports:
+        return
     folder = args.checkpoint_dir
     try:
         os.makedirs(folder, exist_ok=True)
@@ -282,8 +295,10 @@ def hold_folder(args):
         raise TrainerError(f"cannot create --checkpoint-dir {folder} ({e.strerror or e}); "
                            "choose another folder") from e
     owner = f"host {socket.gethostname()}, process {os.getpid()}"
-    holder = hold(os.path.join(folder, HOLDER), owner, hint="fix the permissions of --checkpoint-dir")
+    holder = hold(os.path.join(folder, HOLDER), owner,
+                  hint="fix the permissions of --checkpoint-dir")
     if holder is not None:
-        raise TrainerError(f"--checkpoint-dir {folder} is in use by another run ({holder or 'starting'}); "
+        raise TrainerError(f"--checkpoint-dir {folder} is in use by another run "
+                           f"({holder or 'starting'}); "
                            "wait for it to end, or choose another --checkpoint-dir")
     refuse_replacing(args)

@@ -1,0 +1,21 @@
+"""The trainer's library: everything around the training engine (utils.py) that the entry
+points (main.py and its ports) use. One concern a module:
+
+  cli          the flags, their defaults and checks
+  recipe       the training recipes the defaults come from
+  data         CIFAR-10 on disk: download, synthetic data, loading
+  loaders      which samples each rank sees, and the batches
+  layout       channels_last, and the contiguous views collectives need
+  devices      a process's GPU or share of the CPU cores
+  checkpoints  what a run saves, every save of it, and where a run starts
+  safeio       files never seen half-written, and folder locks
+  runlog       what a run reports: lines, metrics.csv, TensorBoard, curves
+  divergence   the guard that stops a run whose numbers stop being finite
+  errors       the failures a user sees as one line
+  launch       a process's rank before init, stop signals, one-line exits
+  process_group  the DDP port's process group, joined and left whole
+  adasum       Horovod's Adasum: its limits and its LR scale
+  sweep        main_sweep.py: many runs as one MPI job
+
+Importing the package imports nothing else.
+"""
