@@ -275,23 +275,26 @@ def test_sbatch_srun_torchrun_ddp_across_nodes_equals_one_host(cluster, one_host
     assert [int(x["epoch"]) for x in read_metrics(tmp_path / "ck")] == [1, 2]
 
 
-def test_sbatch_srun_sweep_runs_one_run_per_node(cluster, data_dir, tmp_path):
+def test_sbatch_srun_sweep_queues_three_runs_on_two_nodes(cluster, data_dir, tmp_path):
     # horovod_srun.sbatch running main_sweep.py: srun --mpi=pmix starts a rank on each node,
-    # mpi4py splits them into two runs of one rank, and each run equals the same seed alone.
+    # mpi4py makes a group of each, and the two groups take the three runs from the queue; the
+    # third, trained after another, equals the same seed alone.
     out, ck = tmp_path / "job.out", tmp_path / "ck"
-    job = submit(cluster, "horovod_srun.sbatch", flags("--sweep", "seed=0,1", epochs=2), data_dir, ck, out,
+    job = submit(cluster, "horovod_srun.sbatch", flags("--sweep", "seed=0,1,2", epochs=2), data_dir, ck, out,
                  TRAINER="main_sweep.py")
     info = wait_ended(cluster, job, out)
     text = read(out)
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), text[-4000:]
     with open(ck / "sweep.csv") as f:
-        assert [(r["run"], r["status"], r["epochs"]) for r in csv.DictReader(f)] == \
-            [("seed0", "finished", "2"), ("seed1", "finished", "2")]
+        rows = list(csv.DictReader(f))
+    assert [(r["run"], r["status"], r["epochs"]) for r in rows] == \
+        [("seed0", "finished", "2"), ("seed1", "finished", "2"), ("seed2", "finished", "2")]
+    assert {r["ranks"] for r in rows} == {"0", "1"}, rows  # each node's group trained
     alone = tmp_path / "alone"
-    assert_ok(run([PY, "main_horovod.py", *common_args(data_dir, alone, "--seed", 1, epochs=2)],
+    assert_ok(run([PY, "main_horovod.py", *common_args(data_dir, alone, "--seed", 2, epochs=2)],
                   env_extra=ONE_THREAD))
-    assert_states_equal(load_ckpt(ck / "seed1" / "ckpt.pth")["model"], load_ckpt(alone / "ckpt.pth")["model"],
-                        "the sweep's second run and the same seed alone")
+    assert_states_equal(load_ckpt(ck / "seed2" / "ckpt.pth")["model"], load_ckpt(alone / "ckpt.pth")["model"],
+                        "the sweep's queued third run and the same seed alone")
 
 
 # ---------------------------------------------------------------------------

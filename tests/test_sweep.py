@@ -11,6 +11,7 @@ any work.
 """
 import csv
 import os
+import re
 import signal
 import time
 
@@ -94,6 +95,55 @@ def test_an_error_that_one_rank_of_a_run_meets_ends_that_run_alone(data_dir, tmp
     assert rows["seed1"]["status"].startswith("failed: checkpoint ")
 
 
+def test_four_runs_queue_on_two_single_process_groups_each_the_run_alone(data_dir, tmp_path):
+    # mpirun -np 2, --ranks-per-run 1: two groups take the four runs from the queue, the second
+    # two after a first. Every line a run prints names it; each run's weights are those of the
+    # same run alone at np=1, with the same threads (one) per process.
+    ck = tmp_path / "ck"
+    r = assert_ok(run(sweep_cmd(2, [*common_args(data_dir, ck), "--sweep", "seed=0,1", "--sweep", "lr=0.1,0.2",
+                                    "--ranks-per-run", 1], "mpirun"), timeout=300, env_extra=ONE_THREAD))
+    rows = sweep_rows(ck)
+    names = ["seed0_lr0.1", "seed0_lr0.2", "seed1_lr0.1", "seed1_lr0.2"]
+    assert list(rows) == names and all(x["status"] == "finished" and x["epochs"] == "2" for x in rows.values())
+    assert {x["ranks"] for x in rows.values()} == {"0", "1"}, rows  # each group took runs
+    epoch_lines = [ln for ln in r.stdout.splitlines() if re.search(r"\bepoch \d/2 ", ln)]
+    assert len(epoch_lines) == 8 and all(re.match(r"seed=[01] lr=0\.[12] epoch [12]/2 ", ln) for ln in epoch_lines)
+    for name in names:
+        seed, lr = re.match(r"seed(\d)_lr([\d.]+)", name).groups()
+        alone = tmp_path / f"alone-{name}"
+        assert_ok(run([PY, "main_horovod.py", *common_args(data_dir, alone, "--seed", seed, lr=lr)],
+                      env_extra=ONE_THREAD))
+        assert_states_equal(load_ckpt(ck / name / "ckpt.pth")["model"], load_ckpt(alone / "ckpt.pth")["model"],
+                            f"{name} in the queued sweep and alone")
+    assert "best run: " + str(ck / max(names, key=lambda n: float(rows[n]["final_test_acc"]))) in r.stdout
+
+
+def test_a_long_run_holds_back_only_its_own_group(data_dir, tmp_path):
+    # Runs of 12, 1, 2 and 3 epochs on two groups: while one group trains the long run, the other
+    # takes the short ones as each ends, where a fixed split would have given the first group
+    # the third run too.
+    ck = tmp_path / "ck"
+    assert_ok(run(sweep_cmd(2, [*common_args(data_dir, ck), "--sweep", "epochs=12,1,2,3"], "mpirun"), timeout=300))
+    rows = sweep_rows(ck)
+    assert {n: (x["status"], x["epochs"]) for n, x in rows.items()} == \
+        {f"epochs{e}": ("finished", str(e)) for e in (12, 1, 2, 3)}, rows
+    assert rows["epochs2"]["ranks"] == rows["epochs1"]["ranks"] != rows["epochs12"]["ranks"], rows
+
+
+def test_a_failing_run_ends_alone_and_its_group_takes_the_next(data_dir, tmp_path):
+    # lr=1e38 at one step an epoch diverges in epoch 1; its group then trains the third run.
+    ck = tmp_path / "ck"
+    r = run(sweep_cmd(2, [*common_args(data_dir, ck, batch=1024), "--sweep", "lr=1e38,0.05,0.1"], "mpirun"),
+            timeout=300)
+    assert r.returncode == 1, r.stderr[-3000:]
+    errors = [ln for ln in r.stderr.splitlines() if "main_sweep.py: error" in ln]
+    assert len(errors) == 2 and errors[0].startswith("main_sweep.py: error: run lr1e38: training diverged"), errors
+    assert "1 of 3 runs failed" in errors[1]
+    rows = sweep_rows(ck)
+    assert rows["lr1e38"]["status"].startswith("failed: ") and rows["lr0.05"]["status"] == "finished"
+    assert rows["lr0.1"]["status"] == "finished" and rows["lr0.1"]["ranks"] == rows["lr1e38"]["ranks"], rows
+
+
 def test_a_resubmitted_sweep_continues_each_run_and_then_trains_nothing(data_dir, tmp_path):
     ck = tmp_path / "ck"
     cmd = [*common_args(data_dir, ck, epochs=3), "--sweep", "seed=0,1"]
@@ -119,8 +169,9 @@ def test_sigterm_to_every_rank_stops_every_run_and_the_resubmitted_sweep_finishe
         data_dir, tmp_path, jobs):
     # SIGTERM to every process, as Slurm pre-empts a job: each run stops with its last finished
     # epoch saved; the same command again (with a last epoch) continues each run where it stopped.
+    # Three runs on two groups: the third waits in the queue and is never started.
     ck = tmp_path / "ck"
-    cmd = [*common_args(data_dir, ck, "--warmup-epochs", 0, epochs=UNTIL_ENDED), "--sweep", "seed=0,1"]
+    cmd = [*common_args(data_dir, ck, "--warmup-epochs", 0, epochs=UNTIL_ENDED), "--sweep", "seed=0,1,2"]
     job = jobs(sweep_cmd(2, cmd, "mpirun"))
     for s in ("seed0", "seed1"):
         wait_until(lambda: len(metrics_rows(ck / s)) >= 1, 120, f"an epoch of {s}", job)
@@ -133,12 +184,16 @@ def test_sigterm_to_every_rank_stops_every_run_and_the_resubmitted_sweep_finishe
     assert all(is_gone(pid) for pid in pids.values()), "a rank is still running"
     assert job.output().count("by SIGTERM; the last finished epoch is in the checkpoint") == 2, job.output()[-3000:]
     done = {s: load_ckpt(ck / s / "ckpt.pth")["epoch"] for s in ("seed0", "seed1")}
-    assert all(len(read_metrics(ck / s)) == done[s] for s in done)
+    assert all(len(read_metrics(ck / s)) == done[s] for s in done) and not (ck / "seed2").exists()
+    # Submitted again with a last epoch: each stopped run continues after its own last epoch, the
+    # third trains from the start, and none trains an epoch twice.
     last = max(done.values()) + 1
     r = assert_ok(run(sweep_cmd(2, [*cmd, "--stop-at", last], "mpirun"), timeout=300))
     for s in done:
         assert f"after epoch {done[s]}, best test acc" in r.stdout, r.stdout[-3000:]
+    for s in ("seed0", "seed1", "seed2"):
         assert [int(x["epoch"]) for x in read_metrics(ck / s)] == list(range(1, last + 1))
+    assert r.stdout.count("resuming ") == 2
 
 
 SHARE = """
@@ -171,9 +226,9 @@ def test_bad_sweeps_stop_before_any_work(data_dir, tmp_path):
     ck = tmp_path / "ck"
     r = run(sweep_cmd(2, [*common_args(data_dir, ck), "--sweep", "lr=0.05,0.1"], "gloo"))
     assert r.returncode != 0 and "Horovod's gloo controller; launch with mpirun" in r.stderr, r.stderr[-2000:]
-    r = run(sweep_cmd(3, [*common_args(data_dir, ck), "--sweep", "lr=0.05,0.1"], "mpirun"))
+    r = run(sweep_cmd(3, [*common_args(data_dir, ck), "--sweep", "lr=0.05,0.1", "--ranks-per-run", 2], "mpirun"))
     said = [ln for ln in r.stderr.splitlines() if "error" in ln]
-    assert r.returncode != 0 and "makes 2 runs, which do not divide the 3 processes" in said[0], r.stderr[-2000:]
+    assert r.returncode != 0 and "--ranks-per-run 2 does not divide the 3 processes" in said[0], r.stderr[-2000:]
     assert len([ln for ln in said if "main_sweep.py: error" in ln]) == 1  # said once, by rank 0
     r = run(sweep_cmd(2, [*common_args(data_dir, ck), "--sweep", "batch-size=32,0"], "mpirun"))
     assert r.returncode != 0 and "--batch-size must be positive (got 0)" in r.stderr, r.stderr[-2000:]

@@ -15,7 +15,8 @@ points (main.py and its ports) use. One concern a module:
   launch       a process's rank before init, stop signals, one-line exits
   process_group  the DDP port's process group, joined and left whole
   adasum       Horovod's Adasum: its limits and its LR scale
-  sweep        main_sweep.py: many runs as one MPI job
+  sweep        main_sweep.py: many runs as one MPI job, queued on groups
+  sweep_report what a sweep reports: sweep.csv, the table, sweep.png
 
 Importing the package imports nothing else.
 """

@@ -28,7 +28,8 @@ COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-auto
 # asking which trainer it serves; where a trainer has no such flag, its field holds the value
 # that means "not used" (one process: no warm-up, one backward pass per step, no sweep).
 NOT_USED = {"warmup_epochs": 0.0, "batches_per_allreduce": 1, "sync_bn": False,
-            "fp16_allreduce": False, "use_adasum": False, "allreduce_groups": None, "sweep": None}
+            "fp16_allreduce": False, "use_adasum": False, "allreduce_groups": None, "sweep": None,
+            "ranks_per_run": None}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -156,9 +157,13 @@ def add_sweep_args(p):
     g = p.add_argument_group("sweep")
     g.add_argument("--sweep", action="append", type=sweep_axis, metavar="FLAG=V1,V2,...",
                    help="train one independent run per combination of the values (repeat "
-                        "--sweep for a product), each on an equal share of the processes, in "
+                        "--sweep for a product), each on --ranks-per-run of the processes, in "
                         "CHECKPOINT_DIR/<run>/, summed up in CHECKPOINT_DIR/sweep.csv; FLAG is "
                         "one of " + ", ".join(SWEEPABLE))
+    g.add_argument("--ranks-per-run", type=int, default=None, metavar="K",
+                   help="processes per run: the job's processes form groups of K, and each group "
+                        "trains runs one after another, the next one left, until none is (default: "
+                        "the processes over the runs, where that divides, else 1)")
     return p
 
 
@@ -244,6 +249,8 @@ def parse_args(parser, argv=None):
                          "checkpoint on its own")
     if sum((args.resume, args.auto_resume, args.overwrite)) > 1:
         raise UsageError("--resume, --auto-resume and --overwrite do not go together: pick one")
+    if args.ranks_per_run is not None and args.ranks_per_run <= 0:
+        raise UsageError(f"--ranks-per-run must be positive (got {args.ranks_per_run})")
     if args.sweep:
         swept = [flag for flag, _ in args.sweep]
         if len(set(swept)) < len(swept):
