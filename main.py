@@ -30,11 +30,11 @@ def main(argv=None):
     train_loader, test_loader = utils.make_loaders(args, train_set, test_set, device, world)
 
     model = utils.build_model(args, device)
-    optimizer = utils.make_optimizer(model)
+    optimizer = utils.make_optimizer(model, args)
     start = checkpoints.restore(args, model, optimizer)
     scaler = utils.make_scaler(args, device, start["scaler"])
     schedule = utils.LRSchedule(**start["schedule"], epochs=args.epochs, scale=world.lr_scale,
-                                warmup_epochs=args.warmup_epochs)
+                                warmup_epochs=args.warmup_epochs, shape=args.lr_schedule)
     train_model = utils.training_model(args, model, optimizer)
 
     if args.evaluate:

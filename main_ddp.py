@@ -41,12 +41,12 @@ def main(argv=None):
     # DDP: BatchNorm statistics over the global batch.
     if args.sync_bn:
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
-    optimizer = utils.make_optimizer(model)
+    optimizer = utils.make_optimizer(model, args)
     # DDP: every rank reads the checkpoint.
     start = checkpoints.restore(args, model, optimizer, reports)
     scaler = utils.make_scaler(args, device, start["scaler"])
     schedule = utils.LRSchedule(**start["schedule"], epochs=args.epochs, scale=world.lr_scale,
-                                warmup_epochs=args.warmup_epochs)
+                                warmup_epochs=args.warmup_epochs, shape=args.lr_schedule)
     train_model = utils.training_model(args, model, optimizer)
     # DDP: gradients averaged during backward.
     ddp_model = distributed_model(train_model)

@@ -44,11 +44,11 @@ def main(argv=None):
     model = utils.build_model(args, device)
     if args.sync_bn:
         model = utils.replace_batchnorm(model, hvd.SyncBatchNorm)
-    optimizer = distributed_optimizer(args, model, utils.make_optimizer(model))
+    optimizer = distributed_optimizer(args, model, utils.make_optimizer(model, args))
     start, error = first_start(args, model, optimizer)
     scaler = utils.make_scaler(args, device, start["scaler"])
     schedule = utils.LRSchedule(**start["schedule"], epochs=args.epochs,
-                                warmup_epochs=args.warmup_epochs)
+                                warmup_epochs=args.warmup_epochs, shape=args.lr_schedule)
     state = ElasticState(
         model=model, optimizer=optimizer,
         epoch=start["epoch"],  # the next epoch; with the seed, it fixes data order and augmentation

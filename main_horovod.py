@@ -41,7 +41,7 @@ def main(argv=None):
     # rank 0 reads the checkpoint, sends where to start, the optimizer state if any, the weights.
     if args.sync_bn:
         model = utils.replace_batchnorm(model, hvd.SyncBatchNorm)
-    optimizer = distributed_optimizer(args, model, utils.make_optimizer(model))
+    optimizer = distributed_optimizer(args, model, utils.make_optimizer(model, args))
     start = checkpoints.restore(args, model, optimizer) if reports else None
     start = hvd.broadcast_object(start, name="start")
     if start["optimizer_state"]:
@@ -49,7 +49,7 @@ def main(argv=None):
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     scaler = utils.make_scaler(args, device, start["scaler"])
     schedule = utils.LRSchedule(**start["schedule"], epochs=args.epochs, scale=world.lr_scale,
-                                warmup_epochs=args.warmup_epochs)
+                                warmup_epochs=args.warmup_epochs, shape=args.lr_schedule)
     train_model = utils.training_model(args, model, optimizer)
 
     if args.evaluate:

@@ -83,11 +83,13 @@ def replace_batchnorm(module, factory):
     return module
 
 
-def make_optimizer(model):
-    # The LR is set by LRSchedule before every step; 0 here is a placeholder. Fused: the
-    # whole update is one kernel per step instead of a few per tensor group.
+def make_optimizer(model, args=None):
+    """SGD with the recipe's momentum and weight decay, Nesterov under --nesterov. The LR is set
+    by LRSchedule before every step; 0 here is a placeholder. Fused: the whole update is one
+    kernel per step instead of a few per tensor group."""
+    nesterov = RECIPE["nesterov"] if args is None else args.nesterov
     return torch.optim.SGD(model.parameters(), lr=0.0, momentum=RECIPE["momentum"],
-                           weight_decay=RECIPE["weight_decay"], fused=True)
+                           nesterov=nesterov, weight_decay=RECIPE["weight_decay"], fused=True)
 
 
 def make_scaler(args, device, state=None):
@@ -119,27 +121,52 @@ def training_model(args, model, optimizer):
     --channels-last, and torch.compile'd under --compile. Save `model` itself.
 
     Only the model is compiled: a port's gradient hooks (Horovod's allreduce, DDP's buckets)
-    and the optimizer step stay eager, outside any captured graph."""
+    and the optimizer step stay eager, outside any captured graph, and so does an epoch's last,
+    smaller batch (FullBatchesCompiled)."""
     device = next(model.parameters()).device
     if layout.wanted(args, device):
         layout.channels_last(model, optimizer)
     if not args.compile:
         return model
-    return torch.compile(model, mode=compile_mode(args, device))
+    compiled = torch.compile(model, mode=compile_mode(args, device), dynamic=False)
+    return FullBatchesCompiled(model, compiled, args.batch_size)
+
+
+class FullBatchesCompiled(torch.nn.Module):
+    """--compile: batches of --batch-size images run compiled, with static shapes; any other
+    (an epoch's last, smaller one) runs the model itself. Compiled graphs then exist for the
+    one batch size in training and in evaluation, each compiled once: a smaller batch would
+    cost a compilation of its own, or with dynamic shapes a recompilation of every batch's
+    graph with a symbolic batch size. Both paths share the one set of weights."""
+
+    def __init__(self, model, compiled, batch_size):
+        super().__init__()
+        self.model, self.compiled, self.batch_size = model, compiled, batch_size
+
+    def forward(self, x):
+        return (self.compiled if len(x) == self.batch_size else self.model)(x)
+
+    @property
+    def _orig_mod(self):
+        """The model, as torch.compile's module names it (checkpoints.unwrap reads it)."""
+        return self.model
 
 
 class LRSchedule:
-    """Cosine from base_lr at start_epoch to 0 at epochs, stepped per epoch as in
-    pytorch-cifar, times `scale` (the world size under Horovod), with an optional
-    per-batch linear warm-up from base_lr to base_lr * scale (Goyal et al.).
+    """From base_lr at start_epoch to 0 at epochs, times `scale` (the world size under
+    Horovod), with an optional per-batch linear warm-up from base_lr to base_lr * scale
+    (Goyal et al.). `shape` cosine: stepped per epoch as in pytorch-cifar; onecycle: per
+    batch, linearly from 0 to base_lr over the first ONECYCLE_PEAK of the span, then
+    linearly to 0 (the triangle of short CIFAR-10 schedules).
 
     It is a pure function of the (fractional) epoch; its state is just where
-    the cosine started and from what, which is all a resume needs.
+    the schedule started and from what, which is all a resume needs.
     """
+    ONECYCLE_PEAK = 0.2
 
-    def __init__(self, base_lr, start_epoch, epochs, scale=1.0, warmup_epochs=0.0):
+    def __init__(self, base_lr, start_epoch, epochs, scale=1.0, warmup_epochs=0.0, shape="cosine"):
         self.base_lr, self.start_epoch, self.epochs = base_lr, start_epoch, epochs
-        self.scale, self.warmup_epochs = scale, warmup_epochs
+        self.scale, self.warmup_epochs, self.shape = scale, warmup_epochs, shape
 
     def state_dict(self):
         return {"base_lr": self.base_lr, "start_epoch": self.start_epoch}
@@ -149,8 +176,12 @@ class LRSchedule:
 
     def __call__(self, epoch):
         span = max(self.epochs - self.start_epoch, 1)
-        cosine = 0.5 * (1 + math.cos(math.pi * (math.floor(epoch) - self.start_epoch) / span))
-        lr = self.base_lr * self.scale * cosine
+        if self.shape == "onecycle":
+            done, peak = (epoch - self.start_epoch) / span, self.ONECYCLE_PEAK
+            factor = max(done / peak if done < peak else (1 - done) / (1 - peak), 0.0)
+        else:
+            factor = 0.5 * (1 + math.cos(math.pi * (math.floor(epoch) - self.start_epoch) / span))
+        lr = self.base_lr * self.scale * factor
         if epoch < self.warmup_epochs and self.scale != 1:
             lr *= (epoch * (self.scale - 1) / self.warmup_epochs + 1) / self.scale
         return lr
@@ -178,7 +209,7 @@ def make_loaders(args, train, test, device, world=World()):
     dtype = torch.bfloat16 if args.amp and args.amp_dtype == "bfloat16" else torch.float32
     common = dict(rank=rank, size=size, seed=args.seed, device=device, dtype=dtype,
                   channels_last=layout.wanted(args, device), pad=RECIPE["crop_padding"])
-    return (loaders.DeviceLoader(*train, per_step, train=True, **common),
+    return (loaders.DeviceLoader(*train, per_step, train=True, cutout=args.cutout, **common),
             loaders.DeviceLoader(*test, args.batch_size, train=False, **common))
 
 
@@ -300,10 +331,22 @@ def average_batchnorm(model, world=World()):
         b.copy_(part.view_as(b))
 
 
+def tta_logits(model, x):
+    """--tta: the logits of x and of its mirror image, averaged; averaged again with the same
+    of x shifted one pixel up-left and of x shifted one pixel down-right (edges reflected)."""
+    def mirrored(v):
+        return 0.5 * (model(v).float() + model(v.flip(-1)).float())
+    h, w = x.shape[-2:]
+    padded = F.pad(x, (1, 1, 1, 1), mode="reflect")
+    shifted = 0.5 * (mirrored(padded[..., :h, :w]) + mirrored(padded[..., 2:, 2:]))
+    return 0.5 * (mirrored(x) + shifted)
+
+
 @torch.no_grad()
 def evaluate(model, loader, args, world=World()):
     """Exact test metrics of the model as it is: each rank sums over its disjoint shard, one
-    reduction at the end. Nothing of the model changes."""
+    reduction at the end. Nothing of the model changes. Under --tta each image's logits are
+    averaged over augmented views of it (tta_logits)."""
     model.eval()
     device = next(model.parameters()).device
     fmt = layout.memory_format(args, device)
@@ -312,7 +355,7 @@ def evaluate(model, loader, args, world=World()):
     for x, y in loader:
         x, y = x.to(device, non_blocking=True, memory_format=fmt), y.to(device, non_blocking=True)
         with _autocast(args, device):
-            out = model(x)
+            out = tta_logits(model, x) if args.tta else model(x)
         loss = F.cross_entropy(out.float(), y, reduction="sum")
         stats[0] += loss.double()
         stats[1] += (out.argmax(1) == y).sum()

@@ -1,30 +1,35 @@
-"""GPU figures: the trainer's own images/s on a named GPU, written to benchmarks/results-gpu.json.
+"""GPU figures, the first of two commands: accuracy and speed on a named GPU beside the anchors,
+written to benchmarks/results-gpu.json.
 
-    make gpu-check                        # first: set-up against the machine's PyTorch, and a check
-    .venv/bin/python -m benchmarks.gpu    # then this, in one call of under 10 minutes
+    python3 -m benchmarks.gpu --kit KIT --out FILE          # on the GPU machine's own PyTorch
+    python3 -m benchmarks.gpu_check --kit KIT --merge FILE  # then the second (needs Horovod)
 
-Each figure is a real trainer run of ResNet-18 on 50,000 synthetic CIFAR-format images,
-timed by the trainer itself (metrics.csv images/s of the last epoch; the first epoch holds
-torch.compile's compiling). pytorch-cifar's pipeline (PIL transforms in 2 DataLoader
-workers, fp32, contiguous) runs in the same call as the baseline, as the CPU benchmark runs
-its loader. Absolute images/s mean something only on a GPU, so without one this exits at once.
-Goals:
+KIT holds what an offline GPU machine lacks: airbench-0.1.8.tar.gz, and data/ with
+cifar10-jpeg.npz and its make_cifar10.py (the real CIFAR-10 copy). In order, each writing
+FILE as it ends, so that a command stopped at its limit keeps what it measured:
 
-  main_bs128_bf16_img_s          main.py --amp bf16 --compile, batch 128          >= 35,000
-  horovod_hooks_bs128_bf16_img_s the same in main_horovod.py at np=1 with the
-                                 gradient hooks on (HOROVOD_ELASTIC=1)            >= 30,000
-  main_bs512_bf16_img_s          batch 512, --lr 0.4                              >= 70,000
-  speedup_vs_pytorch_cifar       main_bs128_bf16 over pytorch-cifar's pipeline    >= 5.5
-  amp_over_fp32                  --amp bf16 over fp32, both --compile, batch 128  >= 1.0
-  main_bs128_fp32_eager_img_s    main.py as by default (fp32, eager)              >= 12,100 (today's low)
+  data       real CIFAR-10 from the pack (make_cifar10.py), the layout main.py reads
+  anchors    airbench94 on the same copy (benchmarks/airbench_anchor.py): its mean accuracy
+             without test-time augmentation (tta0) and with it (tta2), and its time
+  accuracy   main.py --recipe fast, bf16, --compile: its metrics.csv, its accuracy without TTA
+             against airbench's tta0 mean and, evaluated again with --tta, against tta2
+  speed      main.py's images/s, ResNet-18 on 50,000 synthetic images, 2 epochs each (the
+             second timed; the first holds torch.compile's compiling), and pytorch-cifar's
+             pipeline (PIL transforms in 2 DataLoader workers, fp32) as the baseline
+  syncs      host syncs per epoch of the bs128 bf16 compiled run, and where they are raised
+  ablation   the fast recipe's changes one at a time, shorter runs side by side on the GPU
 
-With --accuracy-epochs N --real-data DIR it also trains ResNet-18 on real CIFAR-10 with --recipe fast and the speed
-flags, first, to --target-acc 0.94 (or N epochs) and records the accuracy and the training time to it.
+Phases that would not fit in --budget seconds are skipped and say so. Without CUDA it exits
+at once: these are absolute figures of a named GPU. `--cpu-smoke` runs the same phases on the
+CPU, small (LeNet, a subset, few epochs; airbench and the sync count need CUDA and are left
+out), to try the command before spending GPU time on it.
 """
 import argparse
+import csv
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,124 +37,291 @@ import time
 from benchmarks import harness, trainer_runs
 
 IMAGES = 50000
+SMOKE = {"arch": "lenet", "images": 1000, "epochs": "2", "subset": ["--train", "2000", "--test", "500"]}
+ARCH = {"arch": "resnet18"}  # --cpu-smoke: SMOKE's
 BF16 = ["--amp", "--amp-dtype", "bfloat16"]
-RUNS = {  # name: (script, flags, extra environment)
-    "main_bs128_bf16": ("main.py", [*BF16, "--compile"], {}),
-    "horovod_hooks_bs128_bf16": ("main_horovod.py", [*BF16, "--compile"], {"HOROVOD_ELASTIC": "1"}),
-    "main_bs512_bf16": ("main.py", [*BF16, "--compile", "--batch-size", "512", "--lr", "0.4"], {}),
-    "main_bs128_fp32": ("main.py", ["--compile"], {}),
-    "main_bs128_fp32_eager": ("main.py", [], {}),
-    "pytorch_cifar_pipeline": ("main.py", ["--loader", "torchvision", "--workers", "2", "--no-channels-last"], {}),
+RUNS = {  # name: (script, flags, extra environment, synthetic images)
+    "main_bs128_bf16": ("main.py", [*BF16, "--compile"], {}, IMAGES),
+    "main_bs512_bf16": ("main.py", [*BF16, "--compile", "--batch-size", "512", "--lr", "0.4"], {}, IMAGES),
+    "main_bs128_fp32": ("main.py", ["--compile"], {}, IMAGES),
+    "main_bs128_fp32_eager": ("main.py", [], {}, IMAGES),
+    "main_bs128_fp32_eager_10k": ("main.py", [], {}, 10000),
+    "main_bs128_bf16_eager": ("main.py", BF16, {}, IMAGES),
+    "pytorch_cifar_pipeline": ("main.py", ["--loader", "torchvision", "--workers", "2", "--no-channels-last"],
+                               {}, IMAGES),
 }
-GOALS = {"main_bs128_bf16_img_s": 35000, "horovod_hooks_bs128_bf16_img_s": 30000,
-         "main_bs512_bf16_img_s": 70000, "speedup_vs_pytorch_cifar": 5.5, "amp_over_fp32": 1.0,
-         "main_bs128_fp32_eager_img_s": 12100}
+# The fast recipe reached from the one before it, one change at a time (--epochs ABLATION_EPOCHS).
+ABLATION_EPOCHS = 20
+ABLATION = {
+    "before: cosine per epoch, lr 0.2, smoothing 0.1": ["--lr", "0.2", "--lr-schedule", "cosine",
+                                                        "--no-nesterov", "--label-smoothing", "0.1",
+                                                        "--cutout", "0"],
+    "+ one-cycle per step, lr 0.4": ["--lr-schedule", "onecycle", "--no-nesterov", "--label-smoothing",
+                                     "0.1", "--cutout", "0"],
+    "+ Nesterov, smoothing 0.2": ["--cutout", "0"],
+    "+ cutout 8 (the fast recipe)": [],
+}
+GOALS = {"main_bs128_bf16_img_s": (">=", 35000), "main_bs512_bf16_img_s": (">=", 70000),
+         "speedup_vs_pytorch_cifar": (">=", 5.5), "bf16_over_fp32_compiled": (">=", 1.0),
+         "bf16_over_fp32_eager": (">=", 1.0), "accuracy_minus_airbench_tta0": (">=", 0.0),
+         "tta_accuracy_minus_airbench_tta2": (">=", 0.0), "accuracy_train_s": ("<=", 300),
+         "horovod_hooks_over_main_bs128_bf16": (">=", 0.9)}
+# Rough seconds each phase takes on an H100, to skip what would not fit.
+COST = {"data": 40, "anchors": 60, "accuracy": 120, "speed": 25, "syncs": 40, "ablation": 110}
 
 
-def trainer_run(name, scratch, epochs):
-    script, flags, extra = RUNS[name]
+class Budget:
+    def __init__(self, seconds):
+        self.end = time.perf_counter() + seconds
+
+    def allows(self, phase, cost=None):
+        left = self.end - time.perf_counter()
+        if left >= (cost or COST[phase]):
+            return True
+        harness.log(f"{phase}: skipped, {left:.0f} s of the budget left")
+        return False
+
+
+def python():
+    return sys.executable
+
+
+def trainer_run(name, scratch, epochs=2):
+    script, flags, extra, images = RUNS[name]
+    images = min(images, ARCH.get("images", images))
     ckpt = os.path.join(scratch, name)
-    cmd = [sys.executable, script, "--arch", "resnet18", "--dataset", "synthetic", "--synthetic-size",
-           str(IMAGES), "--data-dir", os.path.join(scratch, "data"), "--epochs", str(epochs),
+    cmd = [python(), script, "--arch", ARCH["arch"], "--dataset", "synthetic", "--synthetic-size",
+           str(images), "--data-dir", os.path.join(scratch, f"data{images}"), "--epochs", str(epochs),
            "--checkpoint-dir", ckpt, "--log-interval", "100000", *flags]
     if script == "main_horovod.py":
-        cmd = [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "1", "--gloo", *cmd]
+        cmd = [os.path.join(os.path.dirname(python()), "horovodrun"), "-np", "1", "--gloo", *cmd]
     t0 = time.perf_counter()
-    r, rows = trainer_runs.run_trainer(cmd, ckpt, extra, timeout=400)
+    r, rows = trainer_runs.run_trainer(cmd, ckpt, extra, timeout=400, python=python())
     if r.returncode != 0:
-        raise RuntimeError(f"{name} failed: {r.stderr.strip().splitlines()[-1:] or r.stdout[-500:]}")
+        raise RuntimeError(f"{name} failed: {(r.stderr.strip().splitlines() or [r.stdout[-300:]])[-1]}")
     rate = float(rows[-1]["images_per_s"])
     harness.log(f"{name}: {rate:,.0f} img/s (epoch {len(rows)}; {time.perf_counter() - t0:.0f} s in all)")
     return {"images_per_s": rate, "epoch_time_s": [float(x["epoch_time_s"]) for x in rows],
-            "command": trainer_runs.shown(cmd), "env": extra}
+            "images": images, "command": trainer_runs.shown(cmd), "env": extra}
 
 
-def accuracy_run(scratch, data_dir, epochs, target=0.94):
-    """ResNet-18 on real CIFAR-10 with the speed flags, to `target` or `epochs`: the accuracy
-    it reached, and the training time to the target (metrics.csv's train_time_s)."""
-    ckpt = os.path.join(scratch, "accuracy")
-    cmd = [sys.executable, "main.py", "--arch", "resnet18", "--recipe", "fast", "--data-dir", data_dir,
-           "--epochs", str(epochs), "--target-acc", str(target), "--checkpoint-dir", ckpt,
-           "--log-interval", "100000", *BF16, "--compile"]
-    r, rows = trainer_runs.run_trainer(cmd, ckpt, timeout=3600)
+def prepare_data(kit, scratch):
+    real = os.path.join(scratch, "cifar")
+    r = subprocess.run([python(), os.path.join(kit, "data", "make_cifar10.py"), real, *ARCH.get("subset", [])],
+                       capture_output=True, text=True, timeout=300)
     if r.returncode != 0:
-        raise RuntimeError(f"accuracy run failed: {r.stderr.strip().splitlines()[-1:]}")
-    hit = next((row for row in rows if float(row["test_acc"]) >= target), None)
-    harness.log(f"accuracy: test acc {float(rows[-1]['test_acc']):.4f} after {len(rows)} epochs, "
-                f"{float(rows[-1]['train_time_s']):.0f} s of training")
-    return {"target": target, "reached": hit is not None, "epochs": len(rows),
-            "test_acc": float(rows[-1]["test_acc"]), "best_test_acc": max(float(x["test_acc"]) for x in rows),
-            "time_to_target_s": float(hit["train_time_s"]) if hit else None,
-            "train_s": float(rows[-1]["train_time_s"]), "command": trainer_runs.shown(cmd),
-            "data": "real CIFAR-10, a JPEG copy of the original images"}
+        raise RuntimeError(f"make_cifar10.py failed: {r.stderr.strip()[-300:]}")
+    return real
 
 
-def figures(runs):
-    """Each goal's figure from the runs it needs; None where one of them was not run."""
-    rate = {k: v["images_per_s"] for k, v in runs.items()}
+def anchors(kit, real, scratch):
+    out = os.path.join(scratch, "airbench.json")
+    cmd = [python(), "-m", "benchmarks.airbench_anchor", "--sdist", os.path.join(kit, "airbench-0.1.8.tar.gz"),
+           "--data", real, "--runs", "3", "--out", out]
+    r = subprocess.run(cmd, cwd=harness.ROOT, env=trainer_runs.env(python=python()), capture_output=True,
+                       text=True, timeout=400)
+    harness.log(r.stdout.strip() + (f"\n{r.stderr.strip()[-500:]}" if r.returncode else ""))
+    if not os.path.exists(out):
+        raise RuntimeError(f"airbench failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+    with open(out) as f:
+        return json.load(f)
+
+
+def recipe_cmd(real, ckpt, flags=()):
+    smoke = ["--epochs", ARCH["epochs"]] if "epochs" in ARCH else []
+    return [python(), "main.py", "--arch", ARCH["arch"], "--recipe", "fast", "--data-dir", real,
+            "--checkpoint-dir", ckpt, "--log-interval", "100000", *BF16, "--compile", *smoke, *flags]
+
+
+def first_reaching(rows, target):
+    hit = next((row for row in rows if float(row["test_acc"]) >= target), None) if target else None
+    return float(hit["train_time_s"]) if hit else None
+
+
+def accuracy(real, scratch, anchor):
+    """The fast recipe's run: its accuracy without TTA (and its metrics), then the same checkpoint
+    evaluated with --tta. The targets are airbench's means at the same TTA levels."""
+    ckpt = os.path.join(scratch, "accuracy")
+    cmd = recipe_cmd(real, ckpt)
+    r, rows = trainer_runs.run_trainer(cmd, ckpt, timeout=900, python=python())
+    if r.returncode != 0:
+        raise RuntimeError(f"accuracy run failed: {(r.stderr.strip().splitlines() or ['?'])[-1]}")
+    target = anchor.get("tta0_mean_acc") if anchor else None
+    last = rows[-1]
+    plain = {"tta": False, "test_acc": float(last["test_acc"]), "epochs": len(rows),
+             "best_test_acc": max(float(x["test_acc"]) for x in rows), "train_s": float(last["train_time_s"]),
+             "target": target, "target_is": "airbench94 tta0_mean_acc on the same copy",
+             "time_to_target_s": first_reaching(rows, target), "command": trainer_runs.shown(cmd),
+             "data": "real CIFAR-10, a JPEG copy (quality about 75) of the original images",
+             "metrics": rows}
+    harness.log(f"accuracy: {plain['test_acc']:.4f} after {len(rows)} epochs, {plain['train_s']:.0f} s of "
+                f"training (airbench94 tta0: {target})")
+    ev = [python(), "main.py", "--arch", ARCH["arch"], "--data-dir", real, "--checkpoint-dir", ckpt,
+          "--evaluate", "--tta", *BF16]
+    e = subprocess.run(ev, cwd=harness.ROOT, env=trainer_runs.env(python=python()), capture_output=True,
+                       text=True, timeout=300)
+    tta = None
+    found = [ln for ln in e.stdout.splitlines() if ln.startswith("test_loss=")]
+    if e.returncode == 0 and found:
+        acc = float(found[-1].split("test_acc=")[1].split()[0])
+        t2 = anchor.get("tta2_mean_acc") if anchor else None
+        tta = {"tta": True, "test_acc": acc, "target": t2, "target_is": "airbench94 tta2_mean_acc on the same copy",
+               "command": trainer_runs.shown(ev), "of": "the accuracy run's last checkpoint"}
+        harness.log(f"accuracy with --tta: {acc:.4f} (airbench94 tta2: {t2})")
+    else:
+        harness.log(f"--evaluate --tta failed: {(e.stderr.strip().splitlines() or ['?'])[-1]}")
+    return plain, tta
+
+
+def syncs(scratch):
+    """The host syncs of each epoch of the bs128 bf16 compiled run, with recompilations and
+    CUDA-graph decisions logged (TORCH_LOGS)."""
+    ckpt = os.path.join(scratch, "syncs")
+    cmd = [python(), "-m", "benchmarks.host_syncs", "main.py", "--arch", "resnet18", "--dataset", "synthetic",
+           "--synthetic-size", "10000", "--data-dir", os.path.join(scratch, "data10000"), "--epochs", "2",
+           "--checkpoint-dir", ckpt, "--log-interval", "100000", *BF16, "--compile"]
+    env = {"TORCH_LOGS": "recompiles,perf_hints"}
+    r = subprocess.run(cmd, cwd=harness.ROOT, env=trainer_runs.env(env, python()), capture_output=True,
+                       text=True, timeout=400)
+    epochs = [json.loads(ln) for ln in r.stdout.splitlines() if ln.startswith("{")]
+    harness.log(f"syncs: {[(e['steps'], e['syncs']) for e in epochs]}")
+    logs = [ln for ln in r.stderr.splitlines() if "recompil" in ln.lower() or "cudagraph" in ln.lower()
+            or "skipping" in ln.lower()]
+    return {"epochs": epochs, "torch_logs": logs[:30], "returncode": r.returncode,
+            "command": f"TORCH_LOGS={env['TORCH_LOGS']} " + " ".join(trainer_runs.shown(cmd))}
+
+
+def ablation(real, scratch):
+    """Each variant of the recipe for ABLATION_EPOCHS epochs, all at once on the GPU."""
+    procs = {}
+    for n, (name, flags) in enumerate(ABLATION.items()):
+        ckpt = os.path.join(scratch, f"ablation{n}")
+        cmd = recipe_cmd(real, ckpt, [*flags, "--epochs", ARCH.get("epochs", str(ABLATION_EPOCHS))])
+        log = open(os.path.join(scratch, f"ablation{n}.log"), "w")
+        procs[name] = (subprocess.Popen(cmd, cwd=harness.ROOT, env=trainer_runs.env(python=python()),
+                                        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL),
+                       ckpt, cmd)
+    out = {}
+    for name, (proc, ckpt, cmd) in procs.items():
+        proc.wait(timeout=900)
+        rows = []
+        if proc.returncode == 0:
+            with open(os.path.join(ckpt, "metrics.csv")) as f:
+                rows = list(csv.DictReader(f))
+        out[name] = {"test_acc": float(rows[-1]["test_acc"]) if rows else None, "epochs": len(rows),
+                     "returncode": proc.returncode, "command": trainer_runs.shown(cmd)}
+        harness.log(f"ablation: {name}: {out[name]['test_acc']}")
+    return out
+
+
+def figures(res):
+    """Each goal's figure from what ran; None where something it needs did not."""
+    rate = {k: v["images_per_s"] for k, v in res["runs"].items()}
 
     def ratio(a, b):
         return rate[a] / rate[b] if a in rate and b in rate else None
+    acc, tta, anchor = res.get("accuracy"), res.get("accuracy_tta"), res.get("anchors", {}).get("airbench94")
+
+    def minus(mine, key):
+        return mine["test_acc"] - anchor[key] if mine and anchor else None
     return {
         "main_bs128_bf16_img_s": rate.get("main_bs128_bf16"),
-        "horovod_hooks_bs128_bf16_img_s": rate.get("horovod_hooks_bs128_bf16"),
         "main_bs512_bf16_img_s": rate.get("main_bs512_bf16"),
         "speedup_vs_pytorch_cifar": ratio("main_bs128_bf16", "pytorch_cifar_pipeline"),
-        "amp_over_fp32": ratio("main_bs128_bf16", "main_bs128_fp32"),
-        "main_bs128_fp32_eager_img_s": rate.get("main_bs128_fp32_eager"),
+        "bf16_over_fp32_compiled": ratio("main_bs128_bf16", "main_bs128_fp32"),
+        "bf16_over_fp32_eager": ratio("main_bs128_bf16_eager", "main_bs128_fp32_eager"),
+        "accuracy_minus_airbench_tta0": minus(acc, "tta0_mean_acc"),
+        "tta_accuracy_minus_airbench_tta2": minus(tta, "tta2_mean_acc"),
+        "accuracy_train_s": acc["train_s"] if acc else None,
+        "horovod_hooks_over_main_bs128_bf16": ratio("horovod_hooks_bs128_bf16", "main_bs128_bf16_same_machine"),
     }
 
 
-def write(path, device, started, runs, accuracy):
-    figs = figures(runs)
-    res = {"schema": harness.SCHEMA, "device": device, "machine": harness.machine_info(),
-           "duration_s": time.perf_counter() - started,
-           "figures": {k: {"value": v, "goal": f">= {GOALS[k]:g}", "met": None if v is None else v >= GOALS[k]}
-                       for k, v in figs.items()},
-           "runs": runs, "accuracy": accuracy}
-    with open(path, "w") as f:
+def met(value, goal):
+    op, bound = goal
+    return None if value is None else (value >= bound if op == ">=" else value <= bound)
+
+
+def write(path, res):
+    res["figures"] = {k: {"value": v, "goal": f"{GOALS[k][0]} {GOALS[k][1]:g}", "met": met(v, GOALS[k])}
+                      for k, v in figures(res).items()}
+    with open(path + ".tmp", "w") as f:
         json.dump(res, f, indent=2)
         f.write("\n")
-    return res
+    os.replace(path + ".tmp", path)
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kit", default=None, help="the folder with airbench's sdist and data/ (the real-data pack)")
     p.add_argument("--out", default=os.path.join(harness.HERE, "results-gpu.json"))
-    p.add_argument("--epochs", type=int, default=2, help="per run; the last one is timed (default: 2)")
-    p.add_argument("--accuracy-epochs", type=int, default=0, metavar="N",
-                   help="also train ResNet-18 on real CIFAR-10 (bf16, --compile) for up to N epochs with "
-                        "--target-acc 0.94, and record the accuracy and the time to it (default: 0, off)")
-    p.add_argument("--real-data", default=None, metavar="DIR",
-                   help="the folder holding real cifar-10-batches-py, for --accuracy-epochs")
-    p.add_argument("--only", action="append", choices=tuple(RUNS), default=None, metavar="RUN",
-                   help=f"run only these (repeatable; default: all of {', '.join(RUNS)})")
+    p.add_argument("--budget", type=float, default=480, help="seconds this command may take (default: 480)")
+    p.add_argument("--only", action="append", choices=("anchors", "accuracy", "speed", "syncs", "ablation"),
+                   default=None, help="run only these phases (repeatable; data is prepared where needed)")
+    p.add_argument("--cpu-smoke", action="store_true", help="the same phases on the CPU, small")
     args = p.parse_args(argv)
-    if args.accuracy_epochs and not args.real_data:
-        p.error("--accuracy-epochs needs --real-data DIR (a folder holding real cifar-10-batches-py)")
     import torch
-    if not torch.cuda.is_available():
-        print("benchmarks.gpu: no CUDA GPU here; these figures are images/s on a named GPU, "
-              "so run it on one (after make gpu-check)", file=sys.stderr)
+    if args.cpu_smoke:
+        ARCH.update(SMOKE)
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    elif not torch.cuda.is_available():
+        print("benchmarks.gpu: no CUDA GPU here; these figures are of a named GPU, so run it on one",
+              file=sys.stderr)
         return 1
+    budget = Budget(args.budget)
     started = time.perf_counter()
-    device = torch.cuda.get_device_name()
+    phases = args.only or ["anchors", "accuracy", "speed", "syncs", "ablation"]
+    if args.cpu_smoke:
+        phases = [x for x in phases if x not in ("anchors", "syncs")]
+    if not args.kit and {"anchors", "accuracy", "ablation"} & set(phases):
+        p.error("--kit KIT is needed for the real data and airbench (or --only speed)")
     scratch = tempfile.mkdtemp(prefix="bench-gpu-")
-    runs, accuracy = {}, None
-    try:  # the results are written after each run, so a run cut short keeps the ones before it
-        if args.accuracy_epochs:
-            accuracy = accuracy_run(scratch, args.real_data, args.accuracy_epochs)
-            write(args.out, device, started, runs, accuracy)
-        for name in args.only or RUNS:
-            runs[name] = trainer_run(name, scratch, args.epochs)
-            write(args.out, device, started, runs, accuracy)
+    device = "cpu (--cpu-smoke)" if args.cpu_smoke else torch.cuda.get_device_name()
+    res = {"schema": harness.SCHEMA, "device": device, "machine": harness.machine_info(),
+           "first_command": " ".join(["python3", "-m", "benchmarks.gpu", *(argv or sys.argv[1:])]),
+           "runs": {}, "skipped": []}
+
+    def phase(name, fn, cost=None):
+        if name not in phases or not budget.allows(name, cost):
+            res["skipped"].append(name)
+            return None
+        try:
+            return fn()
+        except Exception as e:  # recorded; the next phase still runs
+            harness.log(f"{name}: FAILED: {e}")
+            res.setdefault("failed", {})[name] = str(e)
+            return None
+        finally:
+            res["duration_s"] = time.perf_counter() - started
+            write(args.out, res)
+
+    try:
+        real = None
+        if {"anchors", "accuracy", "ablation"} & set(phases):
+            phases.append("data")
+            real = phase("data", lambda: prepare_data(args.kit, scratch))
+            phases = phases if real else [x for x in phases if x in ("speed", "syncs")]
+        anchor = phase("anchors", lambda: anchors(args.kit, real, scratch))
+        if anchor:
+            res["anchors"] = {"airbench94": anchor}
+        acc = phase("accuracy", lambda: accuracy(real, scratch, anchor))
+        if acc:
+            res["accuracy"], res["accuracy_tta"] = acc
+        for name in RUNS:
+            run = phase("speed", lambda: trainer_run(name, scratch))
+            if run:
+                res["runs"][name] = run
+        res["syncs"] = phase("syncs", lambda: syncs(scratch))
+        res["ablation"] = phase("ablation", lambda: ablation(real, scratch))
+        if res["ablation"]:
+            res["ablation_epochs"] = ABLATION_EPOCHS
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    res = write(args.out, device, started, runs, accuracy)
-    harness.write_gpu_section(os.path.join(os.path.dirname(args.out), "RESULTS.md"), res)
+    res["duration_s"] = time.perf_counter() - started
+    write(args.out, res)
     for k, f in res["figures"].items():
-        shown = "not run" if f["value"] is None else f"{f['value']:>10,.1f}"
-        print(f"{k:32s} {shown:>10s}   goal {f['goal']:<10s} met {f['met']}")
+        shown = "not run" if f["value"] is None else f"{f['value']:>12,.4g}"
+        print(f"{k:36s} {shown:>12s}   goal {f['goal']:<10s} met {f['met']}")
     return 0
 
 

@@ -67,6 +67,7 @@ def jobs(cfg):
         ("main.py --amp --amp-dtype bfloat16", "main", bf16, {}),
         ("main.py --amp --amp-dtype float16", "main", fp16, {}),
         ("main.py --compile", "main", ["--compile"], {}),
+        ("main.py bf16 --compile", "main", [*bf16, "--compile"], {}),
         ("main_horovod.py np=1", "hvd", [], {}),
         ("main_horovod.py np=1, gradient hooks on", "hvd", [], hooks),
         ("main_horovod.py np=1, hooks on, --no-channels-last", "hvd", ["--no-channels-last"], hooks),
@@ -76,6 +77,10 @@ def jobs(cfg):
         ("main_ddp.py np=1 (torchrun)", "ddp", [], {}),
         ("main_ddp.py np=1 (torchrun), bf16", "ddp", bf16, {}),
     ]
+
+
+def wanted(args, name):
+    return not args.only or any(text in name for text in args.only)
 
 
 def cpu_only(cfg):
@@ -154,6 +159,57 @@ def syncs_job(py, cfg, scratch, results, limit=8):
     return ok
 
 
+DIVERGE_JOB = "main.py at --lr 1e38 on CUDA: the divergence guard"
+
+
+def diverge_job(py, cfg, scratch, results):
+    """The divergence guard with CUDA tensors: one line, exit status 3, nothing saved."""
+    ckpt = os.path.join(scratch, "diverge")
+    cmd = [py, "main.py", "--arch", "lenet", "--dataset", "synthetic", "--synthetic-size", "1000", "--data-dir",
+           os.path.join(scratch, "data-diverge"), "--epochs", "3", "--lr", "1e38", "--batch-size", "1024",
+           "--checkpoint-dir", ckpt]
+    r, _ = run_trainer(cmd, ckpt, cpu_only(cfg), cfg["timeout"], python=py)
+    line = ([ln for ln in r.stderr.splitlines() if "diverged" in ln] or ["no divergence line"])[-1]
+    ok = r.returncode == 3 and "Traceback" not in r.stderr and not os.path.exists(os.path.join(ckpt, "ckpt.pth"))
+    say(f"{DIVERGE_JOB}: exit {r.returncode}, {line.strip()[:120]} ({'ok' if ok else 'FAILED'})")
+    results.append({"job": DIVERGE_JOB, "ok": ok, "returncode": r.returncode, "line": line.strip(),
+                    "command": shown(cmd)})
+    return ok
+
+
+CUDA_PATHS_JOB = "BatchNorm averaging and check_epoch on CUDA through Horovod"
+
+
+def cuda_paths_job(py, cfg, results):
+    cmd = [os.path.join(os.path.dirname(py), "horovodrun"), "-np", "1", "--gloo", py, "-m", "benchmarks.cuda_paths"]
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=cfg["timeout"],
+                       env=dict(os.environ, PATH=os.path.dirname(py) + os.pathsep + os.environ["PATH"]))
+    lines = [ln[ln.index("cuda-paths:"):] for ln in r.stdout.splitlines() if "cuda-paths:" in ln]
+    for ln in lines:
+        say(ln.removeprefix("cuda-paths: "))
+    ok = r.returncode == 0 and len(lines) == 2
+    if not ok:
+        say(f"{CUDA_PATHS_JOB}: FAILED ({(r.stderr.strip().splitlines() or ['?'])[-1][:200]})")
+    results.append({"job": CUDA_PATHS_JOB, "ok": ok, "lines": lines, "command": shown(cmd)})
+    return ok
+
+
+def merge(path, device, cfg, results):
+    """Add this command's jobs to the first command's results-gpu.json (benchmarks/gpu.py), and
+    the Horovod-over-main.py speed figure from the two jobs that give it."""
+    from benchmarks import gpu
+    with open(path) as f:
+        res = json.load(f)
+    rates = {j["job"]: j for j in results if j.get("images_per_s")}
+    for name, job in (("horovod_hooks_bs128_bf16", "main_horovod.py np=1, hooks on, bf16 --compile"),
+                      ("main_bs128_bf16_same_machine", "main.py bf16 --compile")):
+        if job in rates:
+            res["runs"][name] = {"images_per_s": rates[job]["images_per_s"], "images": cfg["images"],
+                                 "command": rates[job]["command"], "env": rates[job]["env"]}
+    res["second_command"] = {"device": device, "config": cfg, "jobs": results}
+    gpu.write(path, res)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
@@ -163,7 +219,13 @@ def main(argv=None):
     p.add_argument("--no-setup", action="store_true", help="use .venv as it is")
     p.add_argument("--skip", action="append", default=[], metavar="TEXT",
                    help="leave out the jobs whose name contains TEXT (repeatable)")
+    p.add_argument("--only", action="append", default=[], metavar="TEXT",
+                   help="run only the jobs whose name contains TEXT (repeatable)")
+    p.add_argument("--images", type=int, default=None, help="synthetic training images per job "
+                   "(default: 10,000 on a GPU)")
     p.add_argument("--out", default=None, help="also write the results here as JSON")
+    p.add_argument("--merge", default=None, metavar="FILE",
+                   help="also add the results to FILE, the results-gpu.json of benchmarks.gpu")
     args = p.parse_args(argv)
     if args.device == "cuda":
         found = gpus()
@@ -175,7 +237,8 @@ def main(argv=None):
         say("set-up failed (its error is above)")
         return 1
     quick = args.quick or args.device == "cpu"
-    cfg = dict(device=args.device, arch="lenet" if quick else "resnet18", images=200 if quick else 10000,
+    images = args.images or (200 if quick else 10000)
+    cfg = dict(device=args.device, arch="lenet" if quick else "resnet18", images=images,
                batch=32 if quick else 128, epochs=1 if quick else 2, timeout=300 if quick else 400)
     py = VENV_PY if os.path.exists(VENV_PY) else sys.executable
     scratch = tempfile.mkdtemp(prefix="gpu-check-")
@@ -183,13 +246,18 @@ def main(argv=None):
     try:
         ckpts = {}
         for n, (name, launcher, flags, extra) in enumerate(jobs(cfg)):
-            if any(text in name for text in args.skip):
+            if any(text in name for text in args.skip) or not wanted(args, name):
                 continue
             good, ckpts[name] = run_job(py, cfg, scratch, n, name, launcher, flags, extra, results)
             ok &= good
-        if args.device == "cuda" and not any(text in SYNCS_JOB for text in args.skip):
+        if args.device == "cuda" and wanted(args, SYNCS_JOB) and not any(t in SYNCS_JOB for t in args.skip):
             ok &= syncs_job(py, cfg, scratch, results)
+        if args.device == "cuda" and wanted(args, DIVERGE_JOB):
+            ok &= diverge_job(py, cfg, scratch, results)
+        if args.device == "cuda" and wanted(args, CUDA_PATHS_JOB):
+            ok &= cuda_paths_job(py, cfg, results)
         hooks_run = ckpts.get("main_horovod.py np=1, gradient hooks on")
+        hooks_run = hooks_run or ckpts.get("main_horovod.py np=1, hooks on, bf16 --compile")
         if hooks_run:
             ok &= os.path.exists(os.path.join(hooks_run, "ckpt.pth")) and resume_job(py, cfg, scratch,
                                                                                     hooks_run, results)
@@ -202,6 +270,8 @@ def main(argv=None):
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": device, "config": cfg, "jobs": results, "ok": bool(ok)}, f, indent=2)
+    if args.merge:
+        merge(args.merge, device, cfg, results)
     say(f"{'all jobs passed' if ok else 'some jobs FAILED'} on {device}")
     return 0 if ok else 1
 

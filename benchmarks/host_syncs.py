@@ -6,13 +6,15 @@
 Runs the named trainer's main() in this process with the given flags. Around every
 call of utils.train_epoch, torch.cuda.set_sync_debug_mode("warn") makes each operation
 that waits for the GPU (a value read back, a blocking copy) warn; the warnings are
-counted. It prints one JSON line per epoch: steps, syncs, and syncs beyond the
-epoch's fixed few (the reduction at its end, the epoch's index upload). A step loop
+counted. It prints one JSON line per epoch: steps, syncs, and where the most frequent
+ones were raised (file:line and the warning). A step loop
 that never waits has the same count at every epoch length; one that waits once a
 step has as many more as it has steps. The CPU has no such mode: it exits 1 there.
 """
+import collections
 import importlib
 import json
+import os
 import sys
 import warnings
 
@@ -30,8 +32,10 @@ def counting(train_epoch, epochs):
                 out = train_epoch(model, loader, *args, **kwargs)
             finally:
                 torch.cuda.set_sync_debug_mode("default")
-        syncs = [str(w.message) for w in seen if "synchroniz" in str(w.message)]
-        epochs.append({"steps": len(loader), "syncs": len(syncs)})
+        syncs = [w for w in seen if "synchroniz" in str(w.message)]
+        where = collections.Counter(f"{os.path.relpath(w.filename)}:{w.lineno}: {str(w.message)[:80]}"
+                                    for w in syncs)
+        epochs.append({"steps": len(loader), "syncs": len(syncs), "where": dict(where.most_common(6))})
         return out
     return counted
 

@@ -95,7 +95,8 @@ PY
     need=()
     while read -r req; do
         name=${req%%[=<> ]*}
-        case "$name" in torch|torchvision|'') continue ;; mpi4py) [ "$WITH_MPI" = 1 ] || continue ;; esac
+        # ruff lints (make lint); .ci/run brings its own, and a GPU machine trains without it.
+        case "$name" in torch|torchvision|ruff|'') continue ;; mpi4py) [ "$WITH_MPI" = 1 ] || continue ;; esac
         "$PY" -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "$name" 2>/dev/null || need+=("$req")
     done < <(grep -v '^\s*#' requirements.txt)
     if [ ${#need[@]} -gt 0 ]; then

@@ -10,8 +10,9 @@ from training.recipe import RECIPE, RECIPES
 def test_defaults_are_pytorch_cifars_recipe():
     # kuangliu/pytorch-cifar's main.py: SGD LR 0.1, momentum 0.9, weight decay 5e-4, batch 128,
     # 200 epochs of cosine annealing, crop padding 4; the ports add a 5-epoch warm-up.
-    assert RECIPE == dict(lr=0.1, momentum=0.9, weight_decay=5e-4, batch_size=128, epochs=200, crop_padding=4,
-                          warmup_epochs=5, label_smoothing=0.0)
+    assert RECIPE == dict(lr=0.1, lr_schedule="cosine", momentum=0.9, nesterov=False, weight_decay=5e-4,
+                          batch_size=128, epochs=200, crop_padding=4, cutout=0, warmup_epochs=5,
+                          label_smoothing=0.0)
     args = parse(port="horovod")
     assert (args.epochs, args.batch_size, args.warmup_epochs, args.label_smoothing) == (200, 128, 5, 0)
     assert args.lr is None  # fresh runs take the recipe's 0.1; a resume keeps the saved schedule
@@ -20,15 +21,19 @@ def test_defaults_are_pytorch_cifars_recipe():
 
 
 def test_recipe_fast_sets_the_defaults_and_flags_still_win():
-    assert RECIPES["fast"] == dict(RECIPE, lr=0.2, batch_size=512, epochs=50, label_smoothing=0.1)
+    assert RECIPES["fast"] == dict(RECIPE, lr=0.4, lr_schedule="onecycle", nesterov=True, batch_size=512,
+                                   epochs=40, label_smoothing=0.2, cutout=8)
     args = parse("--recipe", "fast")
-    assert (args.epochs, args.batch_size, args.label_smoothing) == (50, 512, 0.1)
+    assert (args.epochs, args.batch_size, args.label_smoothing) == (40, 512, 0.2)
     args = parse("--recipe", "fast", "--epochs", "7", "--batch-size", "64", "--label-smoothing", "0")
     assert (args.epochs, args.batch_size, args.label_smoothing) == (7, 64, 0)
 
 
 @pytest.mark.parametrize("argv, needle", [
     (["--epochs", "0"], "--epochs must be positive"),
+    (["--cutout", "33"], "--cutout is a side in pixels between 0"),
+    (["--cutout", "8", "--loader", "torchvision"], "--cutout is done by the device loader"),
+    (["--lr-schedule", "step"], "invalid choice"),
     (["--lr", "nan"], "--lr must be a positive number"),
     (["--stop-at", "9", "--epochs", "3"], "--stop-at must be between 1 and --epochs 3"),
     (["--arch", "resnet9000"], "unknown --arch"),

@@ -78,7 +78,8 @@ def test_device_loader_batches_are_crop_flip_of_its_draws(shape):
     labels = torch.arange(40) % 10
     loader = loaders.DeviceLoader(images, labels, 16, train=True, rank=1, size=2, seed=5)
     loader.set_epoch(2)
-    offsets, flips = loader.augmentation()
+    offsets, flips, corners = loader.augmentation()
+    assert corners is None  # no --cutout
     assert flips.any() and not flips.all() and (offsets[:, 1] != 4).any()
     idx = loader.indices()
     batches = list(loader)
@@ -93,7 +94,8 @@ def test_augmentation_statistics():
     n = 9000
     loader = loaders.DeviceLoader(torch.zeros(n, 3, 1, 1, dtype=torch.uint8), torch.zeros(n, dtype=torch.long),
                                64, train=True, seed=0)
-    offsets, flips = loader.augmentation()
+    offsets, flips, corners = loader.augmentation()
+    assert corners is None  # no --cutout
     for axis in (0, 1):
         counts = torch.bincount(offsets[:, axis], minlength=9).double()
         assert offsets[:, axis].min() == 0 and offsets[:, axis].max() == 8
@@ -122,3 +124,26 @@ def test_more_ranks_than_images():
     empty = loaders.DeviceLoader(torch.zeros(1, 3, 4, 4, dtype=torch.uint8), torch.zeros(1, dtype=torch.long),
                                  8, train=False, rank=2, size=3)
     assert len(empty) == 0 and list(empty) == []
+
+
+def test_cutout_zeroes_one_whole_square_per_image_and_leaves_the_rest():
+    g = torch.Generator().manual_seed(4)
+    images = torch.randint(1, 255, (40, 3, 32, 32), dtype=torch.uint8, generator=g)
+    labels = torch.arange(40) % 10
+    plain = loaders.DeviceLoader(images, labels, 16, train=True, seed=2)
+    cut = loaders.DeviceLoader(images, labels, 16, train=True, seed=2, cutout=8)
+    for loader in (plain, cut):
+        loader.set_epoch(3)
+    corners = cut.augmentation()[2][cut.indices()]
+    x0, x1 = torch.cat([x for x, _ in plain]), torch.cat([x for x, _ in cut])
+    zeroed = (x0 != x1)
+    assert zeroed.sum(dim=(1, 2, 3)).tolist() == [3 * 8 * 8] * 40  # one 8x8 square, all channels
+    assert (x1[zeroed] == 0).all() and torch.equal(x0[~zeroed], x1[~zeroed])  # crops and flips kept
+    for img, (cy, cx) in zip(zeroed, corners.tolist()):
+        assert 0 <= cy <= 24 and 0 <= cx <= 24 and img[:, cy:cy + 8, cx:cx + 8].all()
+    assert len({tuple(c) for c in corners.tolist()}) > 20  # placed at random
+    again = loaders.DeviceLoader(images, labels, 16, train=True, seed=2, cutout=8)
+    again.set_epoch(3)
+    assert torch.equal(torch.cat([x for x, _ in again]), x1)  # a function of (seed, epoch): resumable
+    test = loaders.DeviceLoader(images, labels, 16, train=False, cutout=8)
+    assert torch.equal(torch.cat([x for x, _ in test]), (images.float() - test.mean) / test.std)

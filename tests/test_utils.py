@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from helpers import parse
-from training import loaders
+from training import checkpoints, loaders
 import utils
 
 
@@ -95,3 +95,56 @@ def test_schedule_state_round_trips():
     s.load_state_dict({"base_lr": 0.01, "start_epoch": 50})
     assert s.state_dict() == {"base_lr": 0.01, "start_epoch": 50}
     assert s(50) == pytest.approx(0.04) and s.scale == 4  # the world's scale is not state
+
+
+def test_onecycle_rises_per_step_to_the_peak_then_falls_to_zero():
+    s = utils.LRSchedule(0.4, 0, 10, shape="onecycle")  # the peak a fifth of the way: epoch 2
+    assert s(0) == 0 and s(1) == pytest.approx(0.2) and s(1.5) == pytest.approx(0.3)  # per step
+    assert s(2) == pytest.approx(0.4) and s(6) == pytest.approx(0.2) and s(10) == 0
+    resumed = utils.LRSchedule(0.1, 5, 10, shape="onecycle")  # --resume --lr 0.1 after epoch 5
+    assert resumed(5) == 0 and resumed(6) == pytest.approx(0.1) and resumed(8) == pytest.approx(0.05)
+
+
+def test_fast_recipe_takes_the_published_changes_and_flags_keep_their_own():
+    fast = parse("--recipe", "fast")
+    assert (fast.lr_schedule, fast.nesterov, fast.cutout, fast.label_smoothing, fast.batch_size) == \
+        ("onecycle", True, 8, 0.2, 512)
+    assert utils.make_optimizer(torch.nn.Linear(2, 2), fast).defaults["nesterov"] is True
+    mine = parse("--recipe", "fast", "--no-nesterov", "--cutout", "0", "--lr-schedule", "cosine")
+    assert (mine.nesterov, mine.cutout, mine.lr_schedule) == (False, 0, "cosine")
+    plain = parse()
+    assert (plain.lr_schedule, plain.nesterov, plain.cutout, plain.tta) == ("cosine", False, 0, False)
+    assert utils.make_optimizer(torch.nn.Linear(2, 2), plain).defaults["nesterov"] is False
+
+
+def test_tta_averages_the_mirrored_and_shifted_views():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.LazyLinear(10))
+    x = torch.randn(5, 3, 8, 8)
+    model(x)
+    padded = torch.nn.functional.pad(x, (1, 1, 1, 1), mode="reflect")
+    views = [x, padded[..., :8, :8], padded[..., 2:, 2:]]
+    mirrored = [(model(v) + model(v.flip(-1))) / 2 for v in views]
+    want = mirrored[0] / 2 + (mirrored[1] + mirrored[2]) / 4
+    assert torch.allclose(utils.tta_logits(model, x), want, atol=1e-6)
+    assert not torch.allclose(want, model(x), atol=1e-3)  # the views differ from the image alone
+
+
+def test_compiled_model_runs_full_batches_compiled_and_the_last_one_as_it_is():
+    args = parse("--arch", "lenet", "--batch-size", "8", "--compile")
+    model = utils.build_model(args, torch.device("cpu"))
+    train_model = utils.training_model(args, model, utils.make_optimizer(model, args))
+    called = []
+
+    class Graph(torch.nn.Module):  # stands in for the compiled graph, and counts its calls
+        def forward(self, x):
+            called.append(len(x))
+            return model(x)
+    assert isinstance(train_model.compiled, torch._dynamo.eval_frame.OptimizedModule)
+    train_model.compiled = Graph()
+    small = torch.randn(3, 3, 32, 32)
+    assert torch.equal(train_model(small), model(small)) and called == []
+    train_model(torch.randn(8, 3, 32, 32))
+    assert called == [8]
+    assert checkpoints.unwrap(train_model) is model
+    assert {id(p) for p in train_model.parameters()} == {id(p) for p in model.parameters()}

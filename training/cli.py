@@ -48,9 +48,10 @@ def build_parser(doc):
       help="model name from models.MODELS, in any case: resnet18 or pytorch-cifar's ResNet18 "
            "(default: %(default)s)")
     a("--recipe", choices=tuple(recipe.RECIPES), default="pytorch-cifar",
-      help="where --lr, --epochs, --batch-size and --label-smoothing take their defaults: "
-           "pytorch-cifar's recipe, or fast (fewer epochs of larger batches, for a GPU); a flag "
-           "given keeps its own value (default: %(default)s)")
+      help="where --lr, --epochs, --batch-size, --lr-schedule, --nesterov, --label-smoothing "
+           "and --cutout take their defaults: pytorch-cifar's recipe, or fast (fewer epochs of "
+           "larger batches, for a GPU; recipe.py); a flag given keeps its own value "
+           "(default: %(default)s)")
     a("--lr", type=float, default=None,
       help=f"base learning rate per process (default: {RECIPE['lr']} on a fresh run, "
            f"{FAST['lr']} with --recipe fast; with --resume, the checkpoint's schedule continues "
@@ -71,6 +72,19 @@ def build_parser(doc):
     a("--label-smoothing", type=float, default=None, metavar="EPS",
       help="label smoothing of the training loss (default: 0; "
            f"{FAST['label_smoothing']} with --recipe fast)")
+    a("--lr-schedule", choices=("cosine", "onecycle"), default=None,
+      help="cosine: from --lr to 0, stepped per epoch; onecycle: per step, linearly from 0 to --lr "
+           "over the first fifth of the epochs, then linearly to 0 (default: cosine; onecycle "
+           "with --recipe fast)")
+    a("--nesterov", action=argparse.BooleanOptionalAction, default=None,
+      help="Nesterov momentum (default: off; on with --recipe fast)")
+    a("--cutout", type=int, default=None, metavar="PIXELS",
+      help="zero a PIXELS x PIXELS square at a random place in each training image (DeVries & "
+           f"Taylor 2017) (default: 0, off; {FAST['cutout']} with --recipe fast)")
+    a("--tta", action="store_true",
+      help="evaluate with test-time augmentation: each test image's logits averaged with its "
+           "mirror image's, and that with the same of the image shifted a pixel up-left and a "
+           "pixel down-right (off by default: pytorch-cifar's evaluation has none)")
     a("--data-dir", default="./data", help="where cifar-10-batches-py lives (default: %(default)s)")
     a("--dataset", choices=("cifar10", "synthetic"), default="cifar10",
       help="real CIFAR-10, or generated CIFAR-format data (default: %(default)s)")
@@ -202,7 +216,7 @@ def parse_args(parser, argv=None):
         flags.setdefault(key, value)
     # The chosen recipe's defaults, where no flag is given.
     for key, value in recipe.of(args).items():
-        if key in ("epochs", "batch_size", "label_smoothing") and flags[key] is None:
+        if key in recipe.FROM_RECIPE and flags[key] is None:
             flags[key] = value
     if not 0 <= args.label_smoothing < 1:
         raise UsageError("--label-smoothing must be at least 0 and below 1 "
@@ -225,6 +239,11 @@ def parse_args(parser, argv=None):
         raise UsageError(f"--allreduce-groups must be positive (got {args.allreduce_groups})")
     if args.workers < 0 or args.profile_steps < 0 or args.warmup_epochs < 0:
         raise UsageError("--workers, --profile-steps and --warmup-epochs must not be negative")
+    if not 0 <= args.cutout <= 32:
+        raise UsageError(f"--cutout is a side in pixels between 0 (off) and 32 (got {args.cutout})")
+    if args.cutout and args.loader != "device":
+        raise UsageError("--cutout is done by the device loader; drop --loader torchvision or "
+                         "--cutout")
     data.check_synthetic_size(args.synthetic_size)
     if args.arch not in models.MODELS:
         raise UsageError(f"unknown --arch {args.arch!r}; choose one of: "

@@ -52,7 +52,8 @@ class DeviceLoader:
 
     No worker processes and no per-step host copies: each epoch a shard of
     indices is drawn, and augmentation (random crop from a 4-pixel zero pad,
-    horizontal flip) is one index_select per batch. The random choices for each
+    horizontal flip) is one index_select per batch; `cutout` > 0 then zeroes a square
+    of that side, wholly inside the image, in each normalized image. The random choices for each
     sample are a function of (seed, epoch, sample index), so a resumed run sees
     the same batches, and so does a run at another world size.
 
@@ -65,8 +66,9 @@ class DeviceLoader:
     """
 
     def __init__(self, images, labels, batch_size, *, train, rank=0, size=1, seed=0,
-                 device="cpu", dtype=torch.float32, channels_last=False, pad=4):
+                 device="cpu", dtype=torch.float32, channels_last=False, pad=4, cutout=0):
         self.pad = pad  # the trainers pass RECIPE["crop_padding"]
+        self.cutout = cutout if train else 0
         self.labels = labels.to(device)
         self.batch_size, self.train = batch_size, train
         self.rank, self.size, self.seed = rank, size, seed
@@ -95,13 +97,18 @@ class DeviceLoader:
         return math.ceil(len(self.indices()) / self.batch_size)
 
     def augmentation(self):
-        """Per-sample crop offsets (0..8 in y and x) and flips for this epoch."""
+        """Per-sample crop offsets (0..8 in y and x), flips and cutout corners (None without
+        cutout) for this epoch."""
         g = torch.Generator()
         g.manual_seed(hash_seed(self.seed, self.epoch, 0xA06))
         n = len(self.labels)
         offsets = torch.randint(0, 2 * self.pad + 1, (n, 2), generator=g)
         flips = torch.rand(n, generator=g) < 0.5
-        return offsets.to(self.device), flips.to(self.device)
+        corners = None
+        if self.cutout:  # drawn after the others, which stay what they were without it
+            corners = torch.randint(0, self.shape[1] - self.cutout + 1, (n, 2), generator=g)
+            corners = corners.to(self.device)
+        return offsets.to(self.device), flips.to(self.device), corners
 
     def window_starts(self, offsets, flips):
         """Row of self.windows holding each sample's crop: the crop at (oy, ox) of a flipped
@@ -115,17 +122,25 @@ class DeviceLoader:
 
     def __iter__(self):
         idx = self.indices().to(self.device)
+        rows = corners = None
         if self.train:
-            source, rows = self.windows, self.window_starts(*self.augmentation())
+            offsets, flips, corners = self.augmentation()
+            source, rows = self.windows, self.window_starts(offsets, flips)
         else:
-            source, rows = self.images, None
+            source = self.images
         for start in range(0, len(idx), self.batch_size):
             b = idx[start:start + self.batch_size]
             x = torch.index_select(source, 0, b if rows is None else rows[b])
-            yield self.normalize(x), torch.index_select(self.labels, 0, b)
+            cut = None if corners is None else corners[b]
+            yield self.normalize(x, cut), torch.index_select(self.labels, 0, b)
 
-    def normalize(self, x):
+    def normalize(self, x, corners=None):
         x = x.float().sub_(self.mean).div_(self.std)
+        if corners is not None:  # zero each image's cutout square (the mean colour, normalized)
+            side, (h, w) = self.cutout, x.shape[-2:]
+            ys = torch.arange(h, device=x.device).view(1, 1, h, 1) - corners[:, 0].view(-1, 1, 1, 1)
+            xs = torch.arange(w, device=x.device).view(1, 1, 1, w) - corners[:, 1].view(-1, 1, 1, 1)
+            x.masked_fill_((ys >= 0) & (ys < side) & (xs >= 0) & (xs < side), 0.0)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         return x.to(self.dtype)
