@@ -17,9 +17,12 @@ from training.errors import UsageError
 
 def place(local_rank=0, local_size=1, spare=()):
     """pick_device, then share_cores: this process's device, with its share of the cores
-    taken on the CPU."""
+    taken on the CPU. On CUDA, cuDNN times its algorithms for each convolution shape once and
+    keeps the fastest (pytorch-cifar's cudnn.benchmark): the shapes here repeat every step."""
     device = pick_device(local_rank, local_size)
     share_cores(device, local_rank, local_size, spare)
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
     return device
 
 
