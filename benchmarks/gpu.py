@@ -17,7 +17,6 @@ FILE as it ends, so that a command stopped at its limit keeps what it measured:
   speed      main.py's images/s, ResNet-18 on 50,000 synthetic images, 2 epochs each (the
              second timed; the first holds torch.compile's compiling), and pytorch-cifar's
              pipeline (PIL transforms in 2 DataLoader workers, fp32) as the baseline
-  syncs      host syncs per epoch of the bs128 bf16 compiled run, and where they are raised
   ablation   the fast recipe's changes one at a time, shorter runs side by side on the GPU
 
 Phases that would not fit in --budget seconds are skipped and say so. Without CUDA it exits
