@@ -15,6 +15,7 @@ runs it before the set-up; the jobs run in the set-up's .venv.
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -58,7 +59,8 @@ def setup(python):
 
 
 def jobs(cfg):
-    """(name, launcher, flags, extra environment) of each job. launcher: main | hvd | ddp."""
+    """(name, launcher, flags, extra environment[, images]) of each job. launcher: main | hvd |
+    ddp | nosearch (main.py through benchmarks.no_cudnn_benchmark)."""
     hooks = {"HOROVOD_ELASTIC": "1"}  # np=1 with the gradient hooks on, as at every np >= 2
     bf16, fp16 = ["--amp", "--amp-dtype", "bfloat16"], ["--amp", "--amp-dtype", "float16"]
     return [
@@ -76,6 +78,9 @@ def jobs(cfg):
         ("main_horovod.py np=1, hooks on, bf16 --compile", "hvd", [*bf16, "--compile"], hooks),
         ("main_ddp.py np=1 (torchrun)", "ddp", [], {}),
         ("main_ddp.py np=1 (torchrun), bf16", "ddp", bf16, {}),
+    ] + [  # fp32 eager at two data sizes, alternating, with cuDNN's algorithm search off
+        (f"main.py, cudnn search off, {n:,} images ({i})", "nosearch", [], {}, n)
+        for i in (1, 2) for n in (10000, 50000)
     ]
 
 
@@ -88,13 +93,28 @@ def cpu_only(cfg):
     return {"CUDA_VISIBLE_DEVICES": ""} if cfg["device"] == "cpu" else {}
 
 
-def run_job(py, cfg, scratch, n, name, launcher, flags, extra, results):
+def failure(text):
+    """The line that says why a job failed: the trainer's one-line error, else the last
+    exception named in its output (not a launcher's summary of it), else its last line."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for pick in (lambda ln: ": error: " in ln,
+                 lambda ln: re.search(r"\b\w+(Error|Exception)\b", ln) and "ChildFailedError" not in ln):
+        found = [ln for ln in lines if pick(ln)]
+        if found:
+            return found[-1]
+    return lines[-1] if lines else "no output"
+
+
+def run_job(py, cfg, scratch, n, name, launcher, flags, extra, results, images=None):
     ckpt = os.path.join(scratch, f"job{n}")
-    base = ["--dataset", "synthetic", "--synthetic-size", str(cfg["images"]), "--data-dir",
-            os.path.join(scratch, "data"), "--arch", cfg["arch"], "--batch-size", str(cfg["batch"]),
+    images = images or cfg["images"]
+    base = ["--dataset", "synthetic", "--synthetic-size", str(images), "--data-dir",
+            os.path.join(scratch, f"data{images}"), "--arch", cfg["arch"], "--batch-size", str(cfg["batch"]),
             "--epochs", str(cfg["epochs"]), "--lr", "0.05", "--checkpoint-dir", ckpt, "--log-interval", "1000"]
-    script = {"main": "main.py", "hvd": "main_horovod.py", "ddp": "main_ddp.py"}[launcher]
+    script = {"main": "main.py", "hvd": "main_horovod.py", "ddp": "main_ddp.py", "nosearch": "main.py"}[launcher]
     cmd = [py, script, *base, *flags]
+    if launcher == "nosearch":
+        cmd = [py, "-m", "benchmarks.no_cudnn_benchmark", *cmd[1:]]
     if launcher == "hvd":
         cmd = [os.path.join(os.path.dirname(py), "horovodrun"), "-np", "1", "--gloo", *cmd]
     elif launcher == "ddp":
@@ -107,13 +127,14 @@ def run_job(py, cfg, scratch, n, name, launcher, flags, extra, results):
     r, rows = run_trainer(cmd, ckpt, dict(extra, **cpu_only(cfg)), cfg["timeout"], python=py)
     wall = time.perf_counter() - t0
     if r.returncode != 0:
-        why = ([ln for ln in (r.stderr + r.stdout).splitlines() if ln.strip()] or ["no output"])[-1]
-        say(f"{name}: FAILED ({why.strip()[:200]})")
-        results.append({"job": name, "ok": False, "error": why.strip(), "command": shown(cmd)})
+        why = failure(r.stderr + r.stdout)
+        say(f"{name}: FAILED ({why[:200]})")
+        results.append({"job": name, "ok": False, "error": why, "command": shown(cmd),
+                        "output_tail": (r.stderr + r.stdout).splitlines()[-40:]})
         return False, ckpt
     rate = float(rows[-1]["images_per_s"])
     say(f"{name}: {rate:,.0f} img/s (epoch {len(rows)}, {wall:.0f} s in all)")
-    results.append({"job": name, "ok": True, "images_per_s": rate, "wall_s": wall, "env": extra,
+    results.append({"job": name, "ok": True, "images_per_s": rate, "wall_s": wall, "env": extra, "images": images,
                     "command": shown(cmd)})
     return True, ckpt
 
@@ -122,7 +143,7 @@ def resume_job(py, cfg, scratch, ckpt, results):
     """--resume of the hooks-on run one epoch further, as a job of its own."""
     cmd = [os.path.join(os.path.dirname(py), "horovodrun"), "-np", "1", "--gloo", py, "main_horovod.py",
            "--dataset", "synthetic", "--synthetic-size", str(cfg["images"]), "--data-dir",
-           os.path.join(scratch, "data"), "--arch", cfg["arch"], "--batch-size", str(cfg["batch"]),
+           os.path.join(scratch, f"data{cfg['images']}"), "--arch", cfg["arch"], "--batch-size", str(cfg["batch"]),
            "--epochs", str(cfg["epochs"] + 1), "--checkpoint-dir", ckpt, "--resume", "--log-interval", "1000"]
     r, rows = run_trainer(cmd, ckpt, dict(HOROVOD_ELASTIC="1", **cpu_only(cfg)), cfg["timeout"], python=py)
     ok = len(rows) == cfg["epochs"] + 1
@@ -146,7 +167,7 @@ def syncs_job(py, cfg, scratch, results, limit=8):
     ckpt = os.path.join(scratch, "syncs")
     cmd = [os.path.join(os.path.dirname(py), "horovodrun"), "-np", "1", "--gloo", py, "-m",
            "benchmarks.host_syncs", "main_horovod.py", "--dataset", "synthetic", "--synthetic-size",
-           str(cfg["images"]), "--data-dir", os.path.join(scratch, "data"), "--arch", cfg["arch"],
+           str(cfg["images"]), "--data-dir", os.path.join(scratch, f"data{cfg['images']}"), "--arch", cfg["arch"],
            "--batch-size", str(cfg["batch"]), "--epochs", "2", "--checkpoint-dir", ckpt,
            "--log-interval", "100000", "--amp", "--amp-dtype", "float16"]
     r, _ = run_trainer(cmd, ckpt, {"HOROVOD_ELASTIC": "1"}, cfg["timeout"], python=py)
@@ -245,10 +266,12 @@ def main(argv=None):
     results, ok = [], True
     try:
         ckpts = {}
-        for n, (name, launcher, flags, extra) in enumerate(jobs(cfg)):
+        for n, (name, launcher, flags, extra, *images) in enumerate(jobs(cfg)):
             if any(text in name for text in args.skip) or not wanted(args, name):
                 continue
-            good, ckpts[name] = run_job(py, cfg, scratch, n, name, launcher, flags, extra, results)
+            if launcher == "nosearch" and args.device == "cpu":  # cuDNN's choice: GPU only
+                continue
+            good, ckpts[name] = run_job(py, cfg, scratch, n, name, launcher, flags, extra, results, *images)
             ok &= good
         if args.device == "cuda" and wanted(args, SYNCS_JOB) and not any(t in SYNCS_JOB for t in args.skip):
             ok &= syncs_job(py, cfg, scratch, results)

@@ -303,32 +303,72 @@ GPU_HEADING = "## On a GPU"
 
 
 def gpu_section(res):
-    """RESULTS.md's last section: benchmarks/results-gpu.json (python -m benchmarks.gpu)."""
+    """RESULTS.md's last section: benchmarks/results-gpu.json (benchmarks/gpu.py, then
+    benchmarks/gpu_check.py --merge)."""
+    machine = res["machine"]
     L = [f"{GPU_HEADING}: {res['device']}", "",
-         f"From `results-gpu.json`, written by `python -m benchmarks.gpu` in {res['duration_s']:.0f} s "
-         f"(torch {res['machine']['torch']}, {res['machine']['cpu_count']} CPU cores). Images/s are the "
+         f"From `results-gpu.json`: `{res.get('first_command', 'python -m benchmarks.gpu')}` in "
+         f"{res['duration_s']:.0f} s (torch {machine['torch']}, {machine['cpu_count']} CPU cores), then "
+         "`benchmarks/gpu_check.py --merge` (benchmarks/gpu_commands.sh runs both). Images/s are the "
          "trainer's own (metrics.csv, the last epoch; the first holds torch.compile's compiling). "
          "Absolute, on one machine: machines of the same kind have differed by up to 25%.", "",
          "| figure | value | goal | met |", "|---|---|---|---|"]
     for name, f in res["figures"].items():
         met = "not run" if f["met"] is None else ("yes" if f["met"] else "**no**")
         L.append(f"| `{name}` | {fmt(f['value'])} | {f['goal']} | {met} |")
+    anchor = res.get("anchors", {}).get("airbench94")
+    acc, tta = res.get("accuracy"), res.get("accuracy_tta")
+    if anchor or acc:
+        L += ["", "Accuracy on real CIFAR-10, a JPEG copy (quality about 75) of the original images, all "
+              "runs on the same copy and GPU:", "",
+              "| run | test-time augmentation | test accuracy | training time |", "|---|---|---|---|"]
+    if anchor:
+        n = len(anchor["runs"])
+        L += [f"| airbench94 ({anchor['version']}), mean of {n} runs | none | {anchor['tta0_mean_acc']:.4f} | "
+              f"{anchor['train_s']:.2f} s a run (median) |",
+              f"| the same {n} networks | mirror and translate | {anchor['tta2_mean_acc']:.4f} | |"]
+    if acc:
+        L.append(f"| `main.py --recipe fast --amp --amp-dtype bfloat16 --compile`, {acc['epochs']} epochs | none | "
+                 f"{acc['test_acc']:.4f} | {acc['train_s']:.0f} s (compiling included) |")
+    if tta:
+        L.append(f"| its last checkpoint, `--evaluate --tta` | mirror and translate | {tta['test_acc']:.4f} | |")
+    if acc and acc.get("time_to_target_s"):
+        L += ["", f"It passed airbench94's mean without test-time augmentation ({acc['target']:.4f}) after "
+              f"{acc['time_to_target_s']:.0f} s of training. The accuracy run: `{shlex.join(acc['command'][1:])}`."]
+    if acc and acc.get("metrics"):
+        curve = ", ".join(f"{r['epoch']}: {float(r['test_acc']):.3f}" for r in acc["metrics"]
+                          if int(r["epoch"]) % 5 == 0 or int(r["epoch"]) == 1)
+        L += ["", f"Its test accuracy by epoch (every row is in `accuracy.metrics` of results-gpu.json): {curve}."]
+    if res.get("ablation"):
+        L += ["", f"The fast recipe's changes, one at a time from the recipe before them: "
+              f"{res['ablation_epochs']} epochs each, the four runs side by side on the GPU, one run each:", "",
+              "| recipe | test accuracy |", "|---|---|"]
+        L += [f"| {name} | {fmt(r['test_acc'])} |" for name, r in res["ablation"].items()]
     L += ["", "| run | images/s | command |", "|---|---|---|"]
     for name, r in res["runs"].items():
         env = " ".join(f"{k}={v}" for k, v in r.get("env", {}).items())
-        L.append(f"| {name} | {r['images_per_s']:.0f} | `{(env + ' ') if env else ''}{shlex.join(r['command'][1:])}` |")
-    a = res.get("accuracy")
-    if a:
-        L += ["", f"Accuracy: ResNet-18 on {a['data']}, `{shlex.join(a['command'][1:])}`: test accuracy "
-              f"{a['test_acc']:.4f} (best {a['best_test_acc']:.4f}) after {a['epochs']} epochs, "
-              f"{a['train_s']:.0f} s of training; the target {a['target']} was "
-              + (f"reached after {a['time_to_target_s']:.0f} s." if a["reached"] else "**not reached**.")]
-    c = res.get("gpu_check")
-    if c:
-        L += ["", f"`make gpu-check` on {c['device']} ({c['config']}):", ""]
-        L += [f"    {line}" for line in c["lines"]] + [""]
-        if c.get("not_reached"):
-            L += [f"Not reached: {', '.join(c['not_reached'])} ({c['why']})."]
+        cmd = r["command"]
+        cmd = cmd[1:] if "python" in os.path.basename(cmd[0]) else [os.path.basename(cmd[0]), *cmd[1:]]
+        L.append(f"| {name} | {r['images_per_s']:.0f} | `{(env + ' ') if env else ''}{shlex.join(cmd)}` |")
+    syncs = res.get("syncs")
+    if syncs and syncs.get("epochs"):
+        per = ", ".join(f"{e['syncs']} in epoch {e['epoch']} of {e['steps']} steps" for e in syncs["epochs"])
+        L += ["", f"Host syncs, `{syncs['command']}`: {per} (the first epoch holds the compiling)."]
+    second = res.get("second_command")
+    if second:
+        L += ["", f"The second command's jobs on {second['device']} (ResNet-18, {second['config']['images']:,} "
+              "synthetic images, batch 128, 2 epochs, images/s of the last):", ""]
+        for j in second["jobs"]:
+            if j.get("images_per_s"):
+                what = f"{j['images_per_s']:,.0f} img/s"
+            elif j.get("lines"):
+                what = "; ".join(j["lines"])
+            elif "epochs" in j:
+                what = ", ".join(f"{e['syncs']} syncs in an epoch of {e['steps']} steps" for e in j["epochs"])
+            else:
+                what = j.get("line") or j.get("error") or ""
+            L.append(f"    {j['job']}: {'ok' if j['ok'] else 'FAILED'}{', ' + what if what else ''}")
+        L.append("")
     return L + [""]
 
 

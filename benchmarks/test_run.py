@@ -160,19 +160,33 @@ def test_gpu_figures_refuse_without_a_gpu_in_one_line():
 def test_gpu_section_replaces_only_itself(tmp_path):
     gpu = {"device": "GPU Y", "duration_s": 5.0, "machine": {"torch": "t", "cpu_count": 16},
            "figures": {"main_bs128_bf16_img_s": {"value": 20000.0, "goal": ">= 35000", "met": False},
-                       "amp_over_fp32": {"value": None, "goal": ">= 1", "met": None}},
-           "runs": {"main_bs128_bf16": {"images_per_s": 20000.0, "command": ["py", "main.py", "--amp"], "env": {}}},
-           "accuracy": None}
+                       "bf16_over_fp32_eager": {"value": None, "goal": ">= 1", "met": None}},
+           "runs": {"main_bs128_bf16": {"images_per_s": 20000.0, "command": ["python", "main.py", "--amp"], "env": {}},
+                    "hvd": {"images_per_s": 9000.0, "env": {"HOROVOD_ELASTIC": "1"},
+                            "command": ["/v/horovodrun", "-np", "1", "python", "main_horovod.py"]}},
+           "anchors": {"airbench94": {"version": "airbench-0.1.8", "tta0_mean_acc": 0.9, "tta2_mean_acc": 0.91,
+                                      "train_s": 2.0, "runs": [{}, {}]}},
+           "accuracy": {"epochs": 2, "test_acc": 0.92, "train_s": 40.0, "target": 0.9, "time_to_target_s": 30.0,
+                        "command": ["py", "main.py", "--recipe", "fast"],
+                        "metrics": [{"epoch": "1", "test_acc": "0.5"}, {"epoch": "2", "test_acc": "0.92"}]},
+           "accuracy_tta": {"test_acc": 0.93},
+           "second_command": {"device": "GPU Y", "config": {"images": 100},
+                              "jobs": [{"job": "ddp", "ok": False, "error": "RuntimeError: x"}]}}
     md = tmp_path / "RESULTS.md"
     md.write_text("# Benchmarks\n\ncpu figures\n")
     harness.write_gpu_section(md, gpu)
-    gpu["device"] = "GPU Z"
+    gpu["device"] = gpu["second_command"]["device"] = "GPU Z"
     harness.write_gpu_section(md, gpu)  # a second run replaces the section, keeps the rest
     text = md.read_text()
     assert text.startswith("# Benchmarks\n\ncpu figures\n\n## On a GPU: GPU Z\n") and "GPU Y" not in text
     assert "| `main_bs128_bf16_img_s` | 20000 | >= 35000 | **no** |" in text
-    assert "| `amp_over_fp32` | n/a | >= 1 | not run |" in text
+    assert "| `bf16_over_fp32_eager` | n/a | >= 1 | not run |" in text
     assert "| main_bs128_bf16 | 20000 | `main.py --amp` |" in text
+    assert "| hvd | 9000 | `HOROVOD_ELASTIC=1 horovodrun -np 1 python main_horovod.py` |" in text
+    assert "| airbench94 (airbench-0.1.8), mean of 2 runs | none | 0.9000 |" in text
+    assert "| its last checkpoint, `--evaluate --tta` | mirror and translate | 0.9300 |" in text
+    assert "after 30 s of training" in text and "1: 0.500" in text
+    assert "    ddp: FAILED, RuntimeError: x" in text
 
 
 def test_merge_keeps_the_figures_not_run_marked_with_their_run(tmp_path):
