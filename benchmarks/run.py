@@ -1,6 +1,6 @@
 """Side-by-side benchmarks of the trainer, each figure a ratio measured in one run.
 
-    .venv/bin/python -m benchmarks.run                 # full run (about 50 min on 2 idle CPU cores)
+    .venv/bin/python -m benchmarks.run                 # full run (about 90 min on 2 idle CPU cores)
     .venv/bin/python -m benchmarks.run --quick         # smoke run (~1 min), for tests
     .venv/bin/python -m benchmarks.run --only loader_speedup,overhead   # a subset
     .venv/bin/python -m benchmarks.run --only sweep --merge   # re-measure one, keep the rest
@@ -39,8 +39,15 @@ Figures (each the median over interleaved repeats; every repeat is recorded):
                           (fig_layout.py)
   sweep_wall_time         wall time of two runs as one --sweep job at np=2
                           (a process per run) over the same two runs one
-                          after the other at np=2                         goal <= 0.9
+                          after the other at np=2; beside it four runs
+                          queued on two groups over the four in turn      goal <= 0.9
                           (fig_sweep.py)
+  scaling_model_heldout_error  the scaling model's largest relative error of
+                          the step time on runs across 2-4 namespace hosts
+                          with shaped links that it was not fitted to;
+                          beside it predictions for GPU clusters (needs
+                          root; about 40 minutes)                          goal <= 0.2
+                          (fig_hosts.py)
   real_data_accuracy      LeNet's test accuracy on real CIFAR-10 after 10
                           epochs under main.py; beside it every trainer,
                           the torchvision pipeline and a second model:
@@ -76,6 +83,7 @@ from benchmarks import (
     fig_accuracy,
     fig_ddp,
     fig_ddp_scaling,
+    fig_hosts,
     fig_layout,
     fig_levers,
     fig_loader,
@@ -89,7 +97,7 @@ from training import devices
 # The registry: every figure, in the order they run and are reported. A new figure
 # is a fig_*.py module with harness.py's interface, and one entry here.
 FIGURES = [fig_loader, fig_overhead, fig_scaling, fig_ddp_scaling, fig_ddp, fig_levers, fig_layout, fig_sweep,
-           fig_accuracy]
+           fig_hosts, fig_accuracy]
 
 
 def short_name(mod):

@@ -13,8 +13,11 @@
 #   scripts/local_cluster.sh down                # safe to run twice, or after a failed up
 #
 # Commands:
-#   up N [--slots S]   make N hosts with S slots each in the hostfile (default 1) and
-#                      print shell assignments for eval (two of them are bash arrays)
+#   up N [--slots S] [--rate R]
+#                      make N hosts with S slots each in the hostfile (default 1) and
+#                      print shell assignments for eval (two of them are bash arrays);
+#                      with --rate (tc's form: 200mbit, 1gbit), every host's link carries
+#                      at most R each way (a token bucket, tbf, on both ends of its veth)
 #   env                print the assignments again
 #   on H CMD...        run CMD on host H (its network and hostname), with an ssh on PATH
 #                      that knows the hosts' keys; launchers run this way from host 1
@@ -127,18 +130,41 @@ EOF
     chmod +x "$DIR/bin/ssh"
 }
 
+# Bytes a link's token bucket holds: 10 ms at the rate, at least a few full-size frames.
+tbf_burst() {  # rate as tc takes it (NUMBER followed by kbit, mbit or gbit)
+    local number=${1%[kmg]bit} unit=${1: -4:1} scale
+    case $unit in k) scale=1000 ;; m) scale=1000000 ;; g) scale=1000000000 ;; esac
+    awk -v r="$number" -v s="$scale" 'BEGIN { b = int(r * s / 8 / 100); print (b < 16000 ? 16000 : b) }'
+}
+
+shape_link() {  # host number, rate: a tbf on each end of the host's veth, one per direction
+    local i=$1 rate=$2 burst
+    burst=$(tbf_burst "$rate")
+    ip netns exec "$(host_ns "$i")" tc qdisc add dev "$IFACE" root tbf rate "$rate" burst "$burst" latency 400ms
+    tc qdisc add dev "$NAME-v$i" root tbf rate "$rate" burst "$burst" latency 400ms
+}
+
 cmd_up() {
-    local n each
-    up_args hosts --slots S 1 "$@"
+    local n each rate="" args=()
+    while [ $# -gt 0 ]; do
+        case $1 in
+            --rate) rate=${2:-}; shift 2 || die "--rate needs a rate, e.g. 200mbit" ;;
+            *) args+=("$1"); shift ;;
+        esac
+    done
+    up_args hosts --slots S 1 "${args[@]}"
+    [ -z "$rate" ] || [[ $rate =~ ^[0-9]+(\.[0-9]+)?[kmg]bit$ ]] \
+        || die "--rate takes a rate as tc does, a number and kbit, mbit or gbit (e.g. 200mbit), not '$rate'"
     local slots=$each i
     need_root "the ip command (iproute2) is missing" ip
+    [ -z "$rate" ] || command -v tc >/dev/null || die "--rate needs tc (iproute2)" 77
     [ ! -e "$DIR/cluster.env" ] || die "a cluster is already up in $DIR; run '$0 down' first"
     install_sshd
     mkdir -p "$DIR"
     chmod 700 "$DIR"
     # Written first, so that down finds everything even when up fails half-way.
-    printf 'NAME=%s\nNET=%s\nPORT=%s\nHOSTS=%s\nSLOTS=%s\n' "$NAME" "$NET" "$PORT" "$n" "$slots" \
-        > "$DIR/cluster.env"
+    printf 'NAME=%s\nNET=%s\nPORT=%s\nHOSTS=%s\nSLOTS=%s\nRATE=%s\n' "$NAME" "$NET" "$PORT" "$n" "$slots" \
+        "$rate" > "$DIR/cluster.env"
     down_if_up_fails
     mkdir -p /run/sshd  # sshd's privilege separation folder (Debian's service makes it)
     ssh-keygen -q -t ed25519 -N '' -C "$NAME-cluster" -f "$DIR/id_ed25519"
@@ -151,6 +177,7 @@ cmd_up() {
     add_bridge
     for i in $(seq "$n"); do
         start_host "$i"
+        [ -z "$rate" ] || shape_link "$i" "$rate"
         echo "$NET.$i slots=$slots" >> "$DIR/hostfile"
     done
     # Every host must answer ssh from host 1, where the launchers run.
@@ -172,6 +199,7 @@ cmd_env() {
     done
     local ssh_args="-p $PORT -i $DIR/id_ed25519 -o UserKnownHostsFile=$DIR/known_hosts -o BatchMode=yes"
     echo "CLUSTER_DIR=$DIR"
+    echo "CLUSTER_RATE=${RATE:-}"
     echo "CLUSTER_HOSTFILE=$DIR/hostfile"
     echo "CLUSTER_HOSTS=$hosts"
     # The hosts share this machine's cores: --bind-to none keeps mpirun from binding
@@ -237,4 +265,4 @@ cmd_down() {
 cmd_on() { on_host exec "$@"; }
 
 check_settings
-run_command "up N [--slots S] | env | on HOST COMMAND... | reap | down" "$@"
+run_command "up N [--slots S] [--rate R] | env | on HOST COMMAND... | reap | down" "$@"

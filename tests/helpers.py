@@ -8,6 +8,7 @@ benchmarks/ imports `MPI_ENV` and `env` from here too.
 import csv
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -335,3 +336,65 @@ def readme_blocks(heading):
     section = text[text.index(heading + "\n") + len(heading):]
     section = section[:section.find("\n## ")] if "\n## " in section else section
     return [[ln for ln in body.splitlines() if ln.strip()] for body in re.findall(r"```bash\n(.*?)```", section, re.S)]
+
+
+# ---------------------------------------------------------------------------
+# Hosts of network namespaces (scripts/local_cluster.sh)
+
+CLUSTER_SCRIPT = os.path.join(ROOT, "scripts", "local_cluster.sh")
+CLUSTER_JOB_TIMEOUT = 150  # seconds for one launch, ssh included, on a busy machine
+
+
+class LocalCluster:
+    """scripts/local_cluster.sh with its state in `folder`, under a name of its own, so
+    that it never meets a cluster a user (or another test run) has up."""
+
+    def __init__(self, folder):
+        self.env = {"CLUSTER_DIR": str(folder), "CLUSTER_NAME": f"t{os.getpid() % 100000}"}
+        self.vars = {}
+
+    def script(self, *args, timeout=300):
+        return subprocess.run(["bash", CLUSTER_SCRIPT, *args], cwd=ROOT, env=env(self.env), capture_output=True,
+                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+    def up(self, n, *options):
+        """`up n` with its options (--slots, --rate); a machine without namespaces skips."""
+        r = self.script("up", str(n), *map(str, options))
+        if r.returncode == 77:
+            skip_or_fail(f"no cluster of network namespaces here: {r.stderr.strip()}")
+        assert r.returncode == 0, r.stderr[-3000:]
+        for line in r.stdout.splitlines():  # NAME=value, or NAME=(bash array)
+            name, _, value = line.partition("=")
+            words = shlex.split(value.strip("()"))
+            self.vars[name] = words if value.startswith("(") else words[0]
+        self.addresses = [h.split(":")[0] for h in self.vars["CLUSTER_HOSTS"].split(",")]
+
+    def on(self, host, cmd):
+        """cmd run on host `host`, as a command line; launch it with env_extra=self.env."""
+        return ["bash", CLUSTER_SCRIPT, "on", str(host), *map(str, cmd)]
+
+    def launch(self, launcher, np_, args, probe=None, hosts=None, script="main_horovod.py"):
+        """A launcher on host 1 that starts np_ ranks over the cluster's hosts."""
+        cmd = probe_cmd("rank_horovod", probe) if probe else [PY, os.path.join(ROOT, script)]
+        cmd += list(args)
+        if launcher == "mpirun":
+            cmd = ["mpirun", "-np", np_, "--hostfile", self.vars["CLUSTER_HOSTFILE"],
+                   *self.vars["CLUSTER_MPIRUN_ARGS"], *cmd]
+        else:
+            cmd = [os.path.join(BIN, "horovodrun"), "-np", np_, "-H", hosts or self.vars["CLUSTER_HOSTS"],
+                   *self.vars["CLUSTER_HOROVODRUN_ARGS"], f"--{launcher}", *cmd]
+        return self.on(1, cmd)
+
+    def run(self, *launch_args, **kw):
+        return run(self.launch(*launch_args, **kw), timeout=CLUSTER_JOB_TIMEOUT,
+                   env_extra=dict(self.env, **ONE_THREAD))
+
+    def down(self):
+        """`down`, then nothing of the cluster left: no namespace, no link (and so no queue
+        discipline on one)."""
+        r = self.script("down", timeout=120)
+        assert r.returncode == 0, r.stderr
+        name = self.env["CLUSTER_NAME"] + "-"
+        for what in (["ip", "netns", "list"], ["ip", "-o", "link", "show"], ["tc", "qdisc", "show"]):
+            left = subprocess.run(what, capture_output=True, text=True).stdout
+            assert name not in left, (what, left)

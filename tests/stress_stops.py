@@ -24,7 +24,6 @@ import collections
 import json
 import os
 import random
-import re
 import shutil
 import signal
 import subprocess
@@ -32,15 +31,11 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.dirname(sys.executable)
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]  # the repository
+from helpers import ABORTED, BIN, MPI_ENV, ROOT  # noqa: E402
+
 PATHS = ("end", "stop-at", "sigterm", "evaluate")
 PORTS = ("ddp", "horovod", "mpirun", "elastic")
-# How a process that aborted shows in each launcher's report, or in its own last words.
-ABORTED = re.compile(r"terminate called|Fatal Python error: Aborted|exitcode\s*: -6 |"
-                     r"exit with status code 134|exited on signal 6|SIGABRT")
 
 
 def command(port, np_, trainer_args, workdir):

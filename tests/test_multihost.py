@@ -13,7 +13,6 @@ comparison would be bitwise.
 Without root (namespaces) the module is skipped, in one line; under CI it fails instead.
 """
 import os
-import shlex
 import signal
 import subprocess
 import time
@@ -23,15 +22,16 @@ import pytest
 from helpers import (
     BIN,
     CLUSTER_EPOCHS,
+    CLUSTER_JOB_TIMEOUT,
     ONE_THREAD,
     PY,
     ROOT,
     UNTIL_ENDED,
+    LocalCluster,
     assert_ok,
     assert_ranks_identical,
     assert_states_equal,
     common_args,
-    env,
     is_gone,
     load_ckpt,
     load_ranks,
@@ -39,76 +39,22 @@ from helpers import (
     probe_cmd,
     rank_pids,
     read_metrics,
-    run,
     run_horovod,
-    skip_or_fail,
     trainer_pids,
     wait_until,
     without_lr,
 )
 
-SCRIPT = os.path.join(ROOT, "scripts", "local_cluster.sh")
 DISCOVER = os.path.join(ROOT, "scripts", "discover_hosts.sh")
-JOB_TIMEOUT = 150  # seconds for one launch, ssh included, on a busy machine
-
-
-class Cluster:
-    """scripts/local_cluster.sh with its state in `folder`, under a name of its own, so
-    that it never meets a cluster a user (or another test run) has up."""
-
-    def __init__(self, folder):
-        self.env = {"CLUSTER_DIR": str(folder), "CLUSTER_NAME": f"t{os.getpid() % 100000}"}
-        self.vars = {}
-
-    def script(self, *args, timeout=300):
-        return subprocess.run(["bash", SCRIPT, *args], cwd=ROOT, env=env(self.env), capture_output=True,
-                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-
-    def up(self, n):
-        r = self.script("up", str(n))
-        if r.returncode == 77:
-            skip_or_fail(f"no cluster of network namespaces here: {r.stderr.strip()}")
-        assert r.returncode == 0, r.stderr[-3000:]
-        for line in r.stdout.splitlines():  # NAME=value, or NAME=(bash array)
-            name, _, value = line.partition("=")
-            words = shlex.split(value.strip("()"))
-            self.vars[name] = words if value.startswith("(") else words[0]
-        self.addresses = [h.split(":")[0] for h in self.vars["CLUSTER_HOSTS"].split(",")]
-
-    def on(self, host, cmd):
-        """cmd run on host `host`, as a command line; launch it with env_extra=self.env."""
-        return ["bash", SCRIPT, "on", str(host), *map(str, cmd)]
-
-    def launch(self, launcher, np_, args, probe=None, hosts=None, script="main_horovod.py"):
-        """A launcher on host 1 that starts np_ ranks over the cluster's hosts."""
-        cmd = probe_cmd("rank_horovod", probe) if probe else [PY, os.path.join(ROOT, script)]
-        cmd += list(args)
-        if launcher == "mpirun":
-            cmd = ["mpirun", "-np", np_, "--hostfile", self.vars["CLUSTER_HOSTFILE"],
-                   *self.vars["CLUSTER_MPIRUN_ARGS"], *cmd]
-        else:
-            cmd = [os.path.join(BIN, "horovodrun"), "-np", np_, "-H", hosts or self.vars["CLUSTER_HOSTS"],
-                   *self.vars["CLUSTER_HOROVODRUN_ARGS"], f"--{launcher}", *cmd]
-        return self.on(1, cmd)
-
-    def run(self, *launch_args, **kw):
-        return run(self.launch(*launch_args, **kw), timeout=JOB_TIMEOUT,
-                   env_extra=dict(self.env, **ONE_THREAD))
+JOB_TIMEOUT = CLUSTER_JOB_TIMEOUT
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, request):
-    c = Cluster(tmp_path_factory.mktemp("cluster"))
-    request.addfinalizer(lambda: _down(c))  # first: a failed `up` is torn down too
+    c = LocalCluster(tmp_path_factory.mktemp("cluster"))
+    request.addfinalizer(c.down)  # first: a failed `up` is torn down too
     c.up(2)
     return c
-
-
-def _down(c):
-    r = c.script("down", timeout=120)
-    assert r.returncode == 0, r.stderr
-    leftovers = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert c.env["CLUSTER_NAME"] + "-" not in leftovers, leftovers
 
 
 @pytest.fixture(autouse=True)
@@ -236,7 +182,7 @@ def test_elastic_removing_a_host_continues_training(cluster, data_dir, tmp_path,
 # The cluster script cleans up after itself
 
 def test_down_removes_everything_also_after_a_failed_up(tmp_path):
-    c = Cluster(tmp_path / "state")
+    c = LocalCluster(tmp_path / "state")
     name = c.env["CLUSTER_NAME"] = f"u{os.getpid() % 100000}"
     subprocess.run(["ip", "netns", "add", f"{name}-h2"], check=True)  # in host 2's way: up fails there
     try:

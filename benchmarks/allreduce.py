@@ -1,0 +1,154 @@
+"""Measure Horovod's allreduce on your own cluster, at a model's gradient sizes, and predict
+how well training scales there.
+
+    mpirun -np 16 --hostfile H python -m benchmarks.allreduce --arch resnet18
+    horovodrun -np 16 -H node1:8,node2:8 python -m benchmarks.allreduce --arch resnet18
+    srun --mpi=pmix python -m benchmarks.allreduce --arch resnet18
+
+Every process allreduces float32 tensors of sizes from a few KB up to all of the model's
+gradients, as the trainer would (GPUs with NCCL where there are GPUs, else the CPU), and takes
+the median time of each size. A line through them, time = latency + 2 (N - 1) / N x bytes /
+bandwidth, gives the network's bandwidth and per-message latency as one ring allreduce sees
+them. Rank 0 then times the model's forward and backward passes on its own device and prints,
+in a few lines, the efficiency the scaling model (benchmarks/scaling_model.py) predicts for a
+training run at this N with each flag set: the fraction of N times one process's images/s.
+`--json FILE` also writes the figures.
+"""
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks import scaling_model
+import models
+
+# The share of the last backward pass that hides the allreduce: the fit at 2 namespace hosts with
+# a core each (docs/PERFORMANCE.md#how-cost-grows-with-hosts); a GPU's may differ.
+OVERLAP = 0.5
+
+
+def sizes(total_bytes, smallest=4096, steps=10):
+    """Message sizes in bytes, a geometric series from `smallest` to the model's total."""
+    ratio = (total_bytes / smallest) ** (1 / (steps - 1))
+    return sorted({int(smallest * ratio ** i) // 4 * 4 for i in range(steps)} | {total_bytes // 4 * 4})
+
+
+def time_allreduce(hvd, nbytes, device, repeats):
+    """The median seconds of an allreduce of nbytes of float32, every rank's clock alike."""
+    t = torch.ones(nbytes // 4, device=device)
+    times = []
+    for i in range(repeats + 1):  # the first one is a warm-up (buffers, connections)
+        hvd.barrier()
+        t0 = time.perf_counter()
+        hvd.allreduce(t, op=hvd.Sum, name=f"probe.{nbytes}")
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i:
+            times.append(time.perf_counter() - t0)
+    # The slowest rank's time is the collective's.
+    return max(hvd.allgather_object(statistics.median(times)))
+
+
+def fit_line(n, points):
+    """(latency s, bandwidth bits/s) from [(bytes, seconds)] by least squares on the ring's
+    2 (N - 1) / N x bytes."""
+    xs = [2 * (n - 1) / n * b * 8 for b, _ in points]
+    ys = [s for _, s in points]
+    mx, my = statistics.mean(xs), statistics.mean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return max(my - slope * mx, 0.0), 1 / slope
+
+
+def compute_times(arch, batch, device, steps=5):
+    """(seconds of forward + backward + SGD step of one batch, seconds of the backward pass)."""
+    model = models.get_model(arch, num_classes=10).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.randn(batch, 3, 32, 32, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
+    whole, backward = [], []
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    for i in range(steps + 1):
+        sync()
+        t0 = time.perf_counter()
+        loss = F.cross_entropy(model(x), y)
+        sync()
+        t1 = time.perf_counter()
+        opt.zero_grad()
+        loss.backward()
+        sync()
+        t2 = time.perf_counter()
+        opt.step()
+        sync()
+        if i:  # the first step warms up
+            whole.append(time.perf_counter() - t0)
+            backward.append(t2 - t1)
+    return statistics.median(whole), statistics.median(backward)
+
+
+FLAG_SETS = [("default", {}), ("--fp16-allreduce", {"fp16": True}), ("--batches-per-allreduce 4", {"k": 4}),
+             ("fusion off (HOROVOD_FUSION_THRESHOLD=0)", {"fusion": False})]
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--arch", default="resnet18", help="a model of models.MODELS (default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=128, help="per process (default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=5, help="allreduces timed per size (default: %(default)s)")
+    p.add_argument("--json", metavar="FILE", help="also write the figures to FILE (rank 0)")
+    args = p.parse_args(argv)
+    if args.arch not in models.MODELS:
+        p.error(f"unknown --arch {args.arch}; one of {', '.join(sorted(models.MODELS))}")
+    import horovod.torch as hvd
+    hvd.init()
+    device = torch.device("cuda", hvd.local_rank()) if torch.cuda.is_available() else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    n = hvd.size()
+    model = models.get_model(args.arch, num_classes=10)
+    tensors = [q.numel() * 4 for q in model.parameters() if q.requires_grad]
+    total = sum(tensors)
+    measured = [(b, time_allreduce(hvd, b, device, args.repeats)) for b in sizes(total)]
+    if n > 1:
+        latency, bandwidth = fit_line(n, measured)
+    else:
+        latency, bandwidth = 0.0, math.inf
+    compute_s, backward_s = compute_times(args.arch, args.batch_size, device)
+    if hvd.rank() != 0:
+        return 0
+    where = f"{device.type}, {n} processes on {hvd.cross_size()} host(s)"
+    print(f"allreduce ({where}): bandwidth {bandwidth / 1e6:.1f} Mbit/s, latency {latency * 1e3:.2f} ms "
+          f"per message (fitted over {len(measured)} sizes, {measured[0][0] / 1e3:.0f} KB to "
+          f"{measured[-1][0] / 1e6:.1f} MB)")
+    print(f"{args.arch}: {len(tensors)} gradient tensors, {total / 1e6:.1f} MB in fp32; a step of batch "
+          f"{args.batch_size} computes in {compute_s * 1e3:.0f} ms here (backward {backward_s * 1e3:.0f} ms)")
+    print(f"predicted efficiency at np={n} (scaling model, overlap {OVERLAP} of backward; "
+          "1.0 = N times one process's images/s):")
+    # The fitted bandwidth is what a collective achieves: efficiency 1 on top of it.
+    params = (1.0, latency, OVERLAP)
+    predicted = {}
+    for name, flags in FLAG_SETS:
+        point = dict(n=n, tensors=tensors, rate_bps=bandwidth, compute_s=compute_s, backward_s=backward_s,
+                     **flags)
+        comm = scaling_model.allreduce_s(n, tensors, bandwidth, params, flags.get("fp16", False),
+                                         flags.get("fusion", True), backward_s)
+        predicted[name] = scaling_model.efficiency(point, params)
+        print(f"  {name:<42} {predicted[name]:6.1%}   (allreduce {comm * 1e3:.0f} ms a step)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"n": n, "device": device.type, "bandwidth_bps": bandwidth, "latency_s": latency,
+                       "measured": measured, "arch": args.arch, "tensors": len(tensors), "bytes": total,
+                       "compute_s": compute_s, "backward_s": backward_s, "overlap": OVERLAP,
+                       "predicted_efficiency": predicted}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,87 @@
+"""Links of a known rate between namespace hosts (scripts/local_cluster.sh up N --rate R), and
+the allreduce probe users run on their own cluster (benchmarks/allreduce.py) measuring one.
+
+Each test makes its own two-host cluster with shaped links and removes it at the end, also
+when it fails; `down` must leave no namespace, link or queue discipline of it. The scaling
+measurements these links serve are a benchmark (benchmarks/fig_hosts.py), not a test.
+Without root (namespaces) the module is skipped, in one line; under CI it fails instead.
+"""
+import json
+import os
+import subprocess
+import time
+
+from helpers import PY, ROOT, LocalCluster, assert_ok, run
+
+RATE_MBIT = 50
+SERVER = """
+import socket, sys, time
+s = socket.socket()
+s.bind((sys.argv[1], 5099))
+s.listen(1)
+print("listening", flush=True)
+c, _ = s.accept()
+first = c.recv(1 << 16)
+t0, n = time.perf_counter(), 0
+while (b := c.recv(1 << 16)):
+    n += len(b)
+print(n, time.perf_counter() - t0, flush=True)
+"""
+CLIENT = """
+import socket, sys
+s = socket.create_connection((sys.argv[1], 5099))
+s.sendall(b"x" * int(sys.argv[2]))
+s.close()
+"""
+
+
+def shaped_cluster(tmp_path, name):
+    c = LocalCluster(tmp_path / "state")
+    c.env["CLUSTER_NAME"] = f"{name}{os.getpid() % 10000}"
+    c.env["CLUSTER_NET"] = f"169.254.{40 + os.getpid() % 50}"
+    return c
+
+
+def test_a_shaped_link_carries_its_rate_and_down_removes_it(tmp_path):
+    c = shaped_cluster(tmp_path, "r")
+    try:
+        c.up(2, "--rate", f"{RATE_MBIT}mbit")
+        assert c.vars["CLUSTER_RATE"] == f"{RATE_MBIT}mbit"
+        host2 = c.addresses[1]
+        server = subprocess.Popen(c.on(2, [PY, "-c", SERVER, host2]), cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                                  env=dict(os.environ, **c.env))
+        try:
+            assert server.stdout.readline().strip() == "listening"
+            # 4 MB from host 1 to host 2: at 50 Mbit/s about 0.65 s.
+            assert_ok(run(c.on(1, [PY, "-c", CLIENT, host2, 4_000_000]), env_extra=c.env, timeout=60))
+            nbytes, seconds = map(float, server.stdout.readline().split())
+        finally:
+            server.kill()
+            server.wait()
+        mbit = nbytes * 8 / seconds / 1e6
+        assert 0.8 * RATE_MBIT < mbit <= 1.05 * RATE_MBIT, mbit
+    finally:
+        c.down()
+
+
+def test_the_allreduce_probe_measures_the_shaped_rate(tmp_path):
+    # The probe under mpirun, one rank on each of two hosts whose links carry 50 Mbit/s: the
+    # bandwidth it fits is within 25% of that, and it predicts an efficiency for each flag set.
+    c = shaped_cluster(tmp_path, "p")
+    try:
+        c.up(2, "--rate", f"{RATE_MBIT}mbit")
+        out = tmp_path / "probe.json"
+        cmd = c.on(1, ["mpirun", "-np", 2, "--hostfile", c.vars["CLUSTER_HOSTFILE"], *c.vars["CLUSTER_MPIRUN_ARGS"],
+                       PY, "-m", "benchmarks.allreduce", "--arch", "lenet", "--batch-size", 32, "--json", out])
+        t0 = time.monotonic()
+        r = assert_ok(run(cmd, env_extra=dict(c.env, OMP_NUM_THREADS="1"), timeout=300))
+        said = json.loads(out.read_text())
+        assert said["n"] == 2 and said["arch"] == "lenet" and len(said["measured"]) >= 8
+        assert 0.75 * RATE_MBIT < said["bandwidth_bps"] / 1e6 < 1.25 * RATE_MBIT, (said, r.stdout)
+        assert set(said["predicted_efficiency"]) == {"default", "--fp16-allreduce", "--batches-per-allreduce 4",
+                                                      "fusion off (HOROVOD_FUSION_THRESHOLD=0)"}
+        assert all(0 < e <= 1 for e in said["predicted_efficiency"].values())
+        assert "allreduce (cpu, 2 processes on 2 host(s)): bandwidth " in r.stdout, r.stdout
+        print(f"probe: {said['bandwidth_bps'] / 1e6:.1f} Mbit/s in {time.monotonic() - t0:.0f} s")
+    finally:
+        c.down()
