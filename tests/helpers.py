@@ -366,7 +366,7 @@ class LocalCluster:
         for line in r.stdout.splitlines():  # NAME=value, or NAME=(bash array)
             name, _, value = line.partition("=")
             words = shlex.split(value.strip("()"))
-            self.vars[name] = words if value.startswith("(") else words[0]
+            self.vars[name] = words if value.startswith("(") else (words[0] if words else "")  # RATE= unshaped
         self.addresses = [h.split(":")[0] for h in self.vars["CLUSTER_HOSTS"].split(",")]
 
     def on(self, host, cmd):
