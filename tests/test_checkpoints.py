@@ -87,7 +87,9 @@ def test_resume_says_what_it_continues(saved, capsys):
     for flags, schedule in (
             [[], "the saved cosine (lr 0.05 from epoch 0) continues over the 8 epochs 3-10"],
             [["--lr", "0.01"], "--lr 0.01 restarts the cosine over the 8 epochs 3-10"],
-            [["--lr", "0.01", "--epochs", "3"], "--lr 0.01 restarts the cosine over epoch 3"]):
+            [["--lr", "0.01", "--epochs", "3"], "--lr 0.01 restarts the cosine over epoch 3"],
+            [["--lr-schedule", "onecycle"],
+             "the saved one-cycle (lr 0.05 from epoch 0) continues over the 8 epochs 3-10"]):
         args = _args("--checkpoint-dir", str(folder), "--epochs", "10", "--resume", *flags)
         checkpoints.restore(args, *_fresh(args))
         said = capsys.readouterr().out.splitlines()

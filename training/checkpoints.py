@@ -221,7 +221,7 @@ def load_optimizer_state(optimizer, ckpt):
 
 def schedule_after(args, done, saved):
     """The schedule a resume after epoch `done` follows, and whether --lr restarted it.
-    --resume --lr X: a new cosine from X over the epochs that are left. Under --auto-resume the
+    --resume --lr X: a new schedule from X over the epochs that are left. Under --auto-resume the
     same command starts the job and every restart, so --lr is the fresh start's and a restart
     continues the saved schedule, wherever it was stopped."""
     restarted = args.lr is not None and not args.auto_resume
@@ -232,14 +232,16 @@ def schedule_after(args, done, saved):
 
 def resume_line(path, start, args, restarted, imported=False):
     """One line naming what --resume continues: the file, its epoch and best accuracy,
-    and whether the saved cosine goes on or --lr restarted it, over how many epochs."""
+    and whether the saved schedule (cosine or one-cycle) goes on or --lr restarted it, over how
+    many epochs."""
     done, sched = start["epoch"], start["schedule"]
+    shape = "one-cycle" if args.lr_schedule == "onecycle" else "cosine"
     left = args.epochs - done
     span = f"epoch {args.epochs}" if left == 1 else f"the {left} epochs {done + 1}-{args.epochs}"
     if restarted:
-        lr = f"--lr {args.lr:g} restarts the cosine over {span}"
+        lr = f"--lr {args.lr:g} restarts the {shape} over {span}"
     else:
-        lr = (f"the saved cosine (lr {sched['base_lr']:g} from epoch {sched['start_epoch']}) "
+        lr = (f"the saved {shape} (lr {sched['base_lr']:g} from epoch {sched['start_epoch']}) "
               f"continues over {span}")
     origin = " (pytorch-cifar's: no optimizer state)" if imported else ""
     return (f"resuming {path}{origin} after epoch {done}, "
