@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks.trainer_runs import ROOT, run_trainer, shown
+from benchmarks.trainer_runs import ROOT, env, run_trainer, shown
 
 VENV_PY = os.path.join(ROOT, ".venv", "bin", "python")
 
@@ -49,13 +49,13 @@ def has_cuda_torch(python):
 
 
 def setup(python):
-    env = dict(os.environ)
+    setup_env = dict(os.environ)
     if has_cuda_torch(python):
-        env.update(TORCH="system", PYTHON=python)
+        setup_env.update(TORCH="system", PYTHON=python)
         say(f"set-up against {python}'s PyTorch (TORCH=system)")
     else:
         say(f"{python} has no CUDA PyTorch: set-up with the pinned one (needs the registry)")
-    return subprocess.run(["bash", os.path.join(ROOT, "scripts", "setup.sh")], cwd=ROOT, env=env).returncode
+    return subprocess.run(["bash", os.path.join(ROOT, "scripts", "setup.sh")], cwd=ROOT, env=setup_env).returncode
 
 
 def jobs(cfg):
@@ -203,14 +203,13 @@ CUDA_PATHS_JOB = "BatchNorm averaging and check_epoch on CUDA through Horovod"
 
 def cuda_paths_job(py, cfg, results):
     cmd = [os.path.join(os.path.dirname(py), "horovodrun"), "-np", "1", "--gloo", py, "-m", "benchmarks.cuda_paths"]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=cfg["timeout"],
-                       env=dict(os.environ, PATH=os.path.dirname(py) + os.pathsep + os.environ["PATH"]))
+    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=cfg["timeout"], env=env(python=py))
     lines = [ln[ln.index("cuda-paths:"):] for ln in r.stdout.splitlines() if "cuda-paths:" in ln]
     for ln in lines:
         say(ln.removeprefix("cuda-paths: "))
     ok = r.returncode == 0 and len(lines) == 2
     if not ok:
-        say(f"{CUDA_PATHS_JOB}: FAILED ({(r.stderr.strip().splitlines() or ['?'])[-1][:200]})")
+        say(f"{CUDA_PATHS_JOB}: FAILED ({failure(r.stderr + r.stdout)[:200]})")
     results.append({"job": CUDA_PATHS_JOB, "ok": ok, "lines": lines, "command": shown(cmd)})
     return ok
 
