@@ -47,9 +47,8 @@ def main(argv=None):
     scaler = utils.make_scaler(args, device, start["scaler"])
     schedule = utils.LRSchedule(**start["schedule"], epochs=args.epochs, scale=world.lr_scale,
                                 warmup_epochs=args.warmup_epochs, shape=args.lr_schedule)
-    train_model = utils.training_model(args, model, optimizer)
-    # DDP: gradients averaged during backward.
-    ddp_model = distributed_model(train_model)
+    # DDP: gradients averaged during backward; the wrapper, not the model, compiled (--compile).
+    train_model = utils.training_model(args, model, optimizer, wrap=distributed_model)
 
     if args.evaluate:
         test = utils.evaluate(train_model, test_loader, args, world)
@@ -63,8 +62,7 @@ def main(argv=None):
         if log.target_reached():  # --target-acc: the last epoch reached it
             break
         t0 = time.perf_counter()
-        # DDP: the wrapped model trains.
-        train = utils.train_epoch(ddp_model, train_loader, optimizer, scaler, schedule, epoch,
+        train = utils.train_epoch(train_model, train_loader, optimizer, scaler, schedule, epoch,
                                   args, world, profile=epoch == start["epoch"])
         seconds = time.perf_counter() - t0
         utils.average_batchnorm(model, world)  # what is evaluated is what is saved
@@ -83,12 +81,12 @@ def main(argv=None):
 
 # DDP: the wrapper, in a function that tests share.
 def distributed_model(model):
-    """BatchNorm running statistics synced at the start, then each rank's own through an epoch
-    (forward_sync_buffers=False), as under Horovod, until the loop averages them. Every
+    """BatchNorm running statistics each rank's own through an epoch, as under Horovod, until
+    the loop averages them (process_group.buffers_unsynced). Every
     parameter that requires a gradient gets one in every step, so DDP need not search for
     unused ones (find_unused_parameters costs a graph walk)."""
     return torch.nn.parallel.DistributedDataParallel(
-        model, forward_sync_buffers=False, gradient_as_bucket_view=True)
+        model, gradient_as_bucket_view=True, **process_group.buffers_unsynced())
 
 
 if __name__ == "__main__":

@@ -116,16 +116,22 @@ def compile_mode(args, device):
     return "max-autotune-no-cudagraphs" if accumulates else "reduce-overhead"
 
 
-def training_model(args, model, optimizer):
+def training_model(args, model, optimizer, wrap=None):
     """What the loop calls: `model` with its weights and momentum in channels_last under
-    --channels-last, and torch.compile'd under --compile. Save `model` itself.
+    --channels-last, wrapped by `wrap` if given (DDP's port), and torch.compile'd under
+    --compile. Save `model` itself.
 
-    Only the model is compiled: a port's gradient hooks (Horovod's allreduce, DDP's buckets)
-    and the optimizer step stay eager, outside any captured graph, and so does an epoch's last,
-    smaller batch (FullBatchesCompiled)."""
+    The wrapper is compiled, not wrapped around the compiled model: Dynamo then splits DDP's
+    graph at its buckets (DDPOptimizer), so each bucket's allreduce starts while the rest of
+    the backward computes; around a compiled model, every bucket would be ready only when the
+    whole compiled backward has ended. Horovod's gradient hooks and the optimizer step stay
+    eager, outside any captured graph, and so does an epoch's last, smaller batch
+    (FullBatchesCompiled)."""
     device = next(model.parameters()).device
     if layout.wanted(args, device):
         layout.channels_last(model, optimizer)
+    if wrap is not None:
+        model = wrap(model)
     if not args.compile:
         return model
     compiled = torch.compile(model, mode=compile_mode(args, device), dynamic=False)
@@ -145,6 +151,11 @@ class FullBatchesCompiled(torch.nn.Module):
 
     def forward(self, x):
         return (self.compiled if len(x) == self.batch_size else self.model)(x)
+
+    def no_sync(self):
+        """DDP's no_sync() of the wrapped model (--batches-per-allreduce under DDP): it holds
+        back the reduction of both paths' backward passes, which share the one wrapper."""
+        return self.model.no_sync()
 
     @property
     def _orig_mod(self):

@@ -1,8 +1,13 @@
-"""launch.py in process: launcher ranks, peer failures, SIGTERM and the one-line exits."""
+"""launch.py: launcher ranks, peer failures, SIGTERM and the one-line exits, in process; and
+real two-rank jobs whose every rank fails alike, under torchrun and horovodrun."""
 import os
+import re
 import signal
 import time
 
+import pytest
+
+from helpers import BIN, PY, run
 from training import launch, safeio
 from training.errors import UsageError
 
@@ -56,6 +61,34 @@ def test_peer_failures_are_recognised_by_name_and_message():
     assert launch.peer_failed(type("DistBackendError", (RuntimeError,), {})("x"))
     assert not launch.peer_failed(RuntimeError("shape mismatch"))
     assert not launch.peer_failed(ValueError("gloo/transport/"))
+
+
+def test_the_cause_of_a_failed_collective_is_its_first_line():
+    gloo = RuntimeError("[/x/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out "
+                        "waiting 3000ms for recv operation to complete\nmore")
+    assert launch.cause(gloo) == "Timed out waiting 3000ms for recv operation to complete"
+    assert launch.cause(RuntimeError("")) == "RuntimeError"
+    assert launch.cause(RuntimeError("x" * 500)) == "x" * 297 + "..."
+
+
+@pytest.mark.parametrize("port", ["ddp", "horovod"])
+def test_a_failure_every_rank_meets_alike_is_said_with_its_cause(port):
+    """No rank fails first, so no rank's error is above the others': each rank ends with one
+    line for the failed collective, and at least one names its cause (the other may instead
+    meet the first one's leaving), with no traceback; the job ends non-zero."""
+    probe = os.path.join("tests", "probes", "fail_alike.py")
+    cmd = ([os.path.join(BIN, "torchrun"), "--standalone", "--nproc_per_node", "2", probe, "ddp"]
+           if port == "ddp" else
+           [os.path.join(BIN, "horovodrun"), "-np", "2", "--gloo", PY, probe, "horovod"])
+    r = run(cmd, timeout=120)
+    cause = {"ddp": "Timed out waiting 3000ms for recv operation to complete",
+             "horovod": "Mismatched ALLREDUCE tensor shapes"}[port]
+    said = dict(re.findall(rf"fail_alike\.py: error \(rank (\d)\): {launch.PEER_FAILED}: (.*) "
+                           rf"\({launch.PEER_HINT}\)", r.stderr + r.stdout))
+    assert r.returncode != 0 and sorted(said) == ["0", "1"], r.stderr[-3000:]
+    assert any(text.startswith(cause) for text in said.values()), said
+    # (the launchers print tracebacks of their own: torchrun's ChildFailedError, horovodrun's)
+    assert not re.search(r"\[rank\d\]: Traceback|\]<stderr>:Traceback", r.stderr), r.stderr[-3000:]
 
 
 def test_finish_runs_however_main_ended(capsys):

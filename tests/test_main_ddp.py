@@ -176,7 +176,7 @@ def test_kill_9_of_one_rank_ends_the_job(data_dir, tmp_path, jobs):
     kill_rank_and_wait(job, "main_ddp.py", str(ck))
     out = job.output()
     assert "[rank0]: Traceback" not in out, out[-3000:]
-    assert re.search(r"main_ddp\.py: (error \(rank 0\): stopping because another rank failed|"
+    assert re.search(r"main_ddp\.py: (error \(rank 0\): stopping because a collective failed|"
                      r"interrupted \(rank 0\) by SIGTERM)", out), out[-3000:]
     assert load_ckpt(ck / "ckpt.pth")["epoch"] >= 1
 

@@ -40,6 +40,7 @@ from helpers import (
     wait_until,
     without_lr,
 )
+from training import launch
 
 
 @pytest.fixture(scope="module")
@@ -179,7 +180,7 @@ def test_error_on_one_rank_ends_all_ranks(run2, data_dir, tmp_path):
     assert r.returncode != 0
     rank_lines = [ln for ln in r.stderr.splitlines() if ln.startswith(("[0]", "[1]"))]
     assert "truncated or corrupt" in rank_lines[0] and "[0]" in rank_lines[0]
-    assert "another rank failed" in "".join(rank_lines)
+    assert launch.PEER_FAILED in "".join(rank_lines)
     assert not any("Traceback" in ln for ln in rank_lines), "ranks print one line, not a traceback"
     debug = run_main(common_args(data_dir, ck, "--resume", "--debug", epochs=3))
     assert debug.returncode != 0 and "Traceback" in debug.stderr
@@ -384,7 +385,7 @@ def test_sigterm_ends_every_rank_with_one_line_and_resume_works(data_dir, tmp_pa
                 or f"main_horovod.py: error (rank {r})" in ln] for r in (0, 1)}
     assert all(len(lines) == 1 for lines in said.values()), out[-3000:]
     sigterm = "by SIGTERM; the last finished epoch is in the checkpoint"
-    assert all(ln.endswith((sigterm, "stopping because another rank failed or exited (its error is above)"))
+    assert all(ln.endswith((sigterm, f"({launch.PEER_HINT})"))
                for lines in said.values() for ln in lines), said
     assert said[1][0].endswith(sigterm) or (target == "launcher" and said[0][0].endswith(sigterm)), said
     # No rank printed a traceback (horovodrun prints its own, with no rank prefix; mpirun none).

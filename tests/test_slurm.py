@@ -49,6 +49,7 @@ from helpers import (
     wait_until,
     without_lr,
 )
+from training import launch
 
 SCRIPT = os.path.join(ROOT, "scripts", "local_slurm.sh")
 JOB_TIMEOUT = 300  # seconds for one job to start and train a few tiny epochs, on a busy machine
@@ -421,10 +422,10 @@ def assert_each_rank_stopped_once(text, trainer, name):
     """Both ranks said once why they ended, at least one by the signal; the other may have been
     reached first by its peer's leaving (Slurm signals the tasks one after another)."""
     lines, by_signal = stopped_lines(text), interrupted(trainer, name)
-    by_peer = [f"{trainer}: error (rank {r}): stopping because another rank failed or exited "
-               "(its error is above)" for r in (0, 1)]
-    assert len(lines) == 2 and all(sum(ln in (by_signal[r], by_peer[r]) for ln in lines) == 1
-                                   for r in (0, 1)), text
+    by_peer = [f"{trainer}: error (rank {r}): {launch.PEER_FAILED}: " for r in (0, 1)]
+    assert len(lines) == 2 and all(sum(ln == by_signal[r] or (ln.startswith(by_peer[r]) and
+                                                               ln.endswith(f"({launch.PEER_HINT})"))
+                                       for ln in lines) == 1 for r in (0, 1)), text
     assert any(ln in by_signal for ln in lines), text
 
 

@@ -1,4 +1,5 @@
 """utils.py in process: the LR schedule, host syncs in the step loop, BatchNorm replacement."""
+import contextlib
 import math
 
 import pytest
@@ -148,3 +149,28 @@ def test_compiled_model_runs_full_batches_compiled_and_the_last_one_as_it_is():
     assert called == [8]
     assert checkpoints.unwrap(train_model) is model
     assert {id(p) for p in train_model.parameters()} == {id(p) for p in model.parameters()}
+
+
+def test_a_ports_wrapper_is_what_is_compiled_and_gets_no_sync():
+    """DDP's port wraps before compiling (so Dynamo sees DDP and splits at its buckets), and
+    --batches-per-allreduce reaches the wrapper's no_sync through FullBatchesCompiled."""
+    args = parse("--arch", "lenet", "--batch-size", "8", "--compile")
+    model = utils.build_model(args, torch.device("cpu"))
+    held = []
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, module):
+            super().__init__()
+            self.module = module
+
+        def forward(self, x):
+            return self.module(x)
+
+        def no_sync(self):
+            held.append(True)
+            return contextlib.nullcontext()
+    train_model = utils.training_model(args, model, utils.make_optimizer(model, args), wrap=Wrapper)
+    assert isinstance(train_model.model, Wrapper) and train_model.compiled._orig_mod is train_model.model
+    with train_model.no_sync():
+        pass
+    assert held == [True] and checkpoints.unwrap(train_model).module is model

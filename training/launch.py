@@ -3,13 +3,15 @@
 Before any init, a launcher's environment variables are all a process knows of its
 rank (`launcher_rank`) and of the other processes on its host (`torchrun_local`).
 `run_cli` runs a trainer's main() and turns its ends into one line and an exit status:
-a TrainerError, a peer rank's failure (Horovod's and torch.distributed's exceptions,
-recognised by name), Ctrl-C, and the stop signals: SIGTERM, which schedulers send on
-pre-emption and at time limits and launchers when they end a job, and the user signal
-`stop_on` adds. Nothing here imports Horovod or torch.distributed, parses flags, or trains.
+a TrainerError, a failed collective (Horovod's and torch.distributed's exceptions,
+recognised by name, said with their cause: another rank's failure, or one every rank met),
+Ctrl-C, and the stop signals: SIGTERM, which schedulers send on pre-emption and at time
+limits and launchers when they end a job, and the user signal `stop_on` adds. Nothing here
+imports Horovod or torch.distributed, parses flags, or trains.
 """
 import contextlib
 import os
+import re
 import signal
 import sys
 
@@ -50,6 +52,20 @@ def peer_failed(e):
     if type(e).__name__ in ("HorovodInternalError", "DistBackendError", "DistNetworkError"):
         return True
     return isinstance(e, RuntimeError) and "gloo/transport/" in str(e)
+
+
+# How a rank whose collective failed ends, however many ranks met it.
+PEER_FAILED = "stopping because a collective failed"
+PEER_HINT = "if another rank failed or exited, its error is above"
+
+
+def cause(e, limit=300):
+    """The first line of an exception's message, without gloo's source location
+    ("[.../unbound_buffer.cc:78] "), cut to `limit` characters; its type where it has none."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    text = re.sub(r"^\[[^\]]*\.(?:cc|cpp|h):\d+\]\s*", "", lines[0]) if lines else ""
+    text = text or type(e).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 # The signals that stop a run cleanly: SIGTERM always (schedulers send it on pre-emption and
@@ -149,12 +165,13 @@ def _exit_status(main, argv, finish, prog, where):
             print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
         return e.exit_code
     except Exception as e:
-        # The surviving ranks' collectives fail when another rank failed or died;
-        # that rank has said why.
+        # A collective fails on the surviving ranks when another rank failed or died, which
+        # has said why; or on every rank alike (an NCCL error, a timeout), when no rank has:
+        # each names the failure, so that at least one line holds the cause.
         if not peer_failed(e) or "--debug" in argv:
             raise
-        print(f"{prog}: error{where}: stopping because another rank failed or exited "
-              "(its error is above)", file=sys.stderr, flush=True)
+        print(f"{prog}: error{where}: {PEER_FAILED}: {cause(e)} ({PEER_HINT})", file=sys.stderr,
+              flush=True)
         return 1
     except KeyboardInterrupt as e:  # Ctrl-C, or a stop signal
         # (128 + its number, as shells report it)

@@ -1,5 +1,5 @@
-"""The DDP port's process group: how a process joins torch.distributed's job, and how it
-leaves it whole, however its run ended.
+"""The DDP port's process group: how a process joins torch.distributed's job, how it leaves
+it whole, however its run ended, and what DDP is told of the BatchNorm buffers.
 
 Leaving whole matters because of how gloo's worker threads end. A worker that finishes a
 collective drops its tensors a moment after the caller has seen the result; where such a
@@ -10,8 +10,10 @@ the group's destructor joins those threads, so it must run before the interprete
 `leave_job` destroys the group on every path out of main(), and `join_job` makes sure that
 nothing else keeps the group alive after that.
 """
+import inspect
 import os
 
+import torch
 import torch.distributed as dist
 
 
@@ -41,3 +43,16 @@ def leave_job():
     if dist.is_initialized():
         dist.destroy_process_group()
 
+
+
+def buffers_unsynced():
+    """DistributedDataParallel's keyword that leaves BatchNorm's running statistics to each rank
+    between the loop's averages (utils.average_batchnorm), as under Horovod, instead of
+    broadcasting rank 0's before every forward. PyTorch 2.14 calls it forward_sync_buffers and
+    deprecates broadcast_buffers; releases before it (2.11, for one) know only
+    broadcast_buffers, which also skips the broadcast at the start. That one is not needed:
+    every rank builds the same model from one seed or reads the same checkpoint."""
+    ddp = inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
+    if "forward_sync_buffers" in ddp:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
