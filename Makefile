@@ -25,7 +25,7 @@ lint: setup
 
 # On a GPU machine: set up against its PyTorch, then short real jobs, one line each with images/s.
 gpu-check:
-	@python3 -m benchmarks.gpu_check --python $(GPU_PYTHON)
+	@python3 -m benchmarks.gpu.check --python $(GPU_PYTHON)
 
 # The container image (Dockerfile): BASE= another PyTorch image, CONTAINER=podman to build
 # with podman, BUILD_FLAGS= more flags for the build.

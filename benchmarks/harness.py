@@ -2,7 +2,7 @@
 
 The machine and software, the ABBA order of a figure's sides, medians, each
 figure's judgement against its goal, the results.json schema, and RESULTS.md.
-A figure is a module (benchmarks/fig_*.py) listed once in run.py's FIGURES,
+A figure is a module of benchmarks/figures/, named by its NAME, listed once in run.py's FIGURES,
 with this interface:
 
     NAME           its key in results.json, e.g. "loader_speedup"
@@ -30,8 +30,8 @@ import time
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")  # results.json, results-gpu.json, RESULTS.md
 
 SCHEMA = 1
 OPS = {">=": operator.ge, "<=": operator.le}
@@ -303,13 +303,13 @@ GPU_HEADING = "## On a GPU"
 
 
 def gpu_section(res):
-    """RESULTS.md's last section: benchmarks/results-gpu.json (benchmarks/gpu.py, then
-    benchmarks/gpu_check.py --merge)."""
+    """RESULTS.md's last section: benchmarks/results/results-gpu.json (benchmarks/gpu/figures.py, then
+    benchmarks/gpu/check.py --merge)."""
     machine = res["machine"]
     L = [f"{GPU_HEADING}: {res['device']}", "",
-         f"From `results-gpu.json`: `{res.get('first_command', 'python -m benchmarks.gpu')}` in "
+         f"From `results-gpu.json`: `{res.get('first_command', 'python -m benchmarks.gpu.figures')}` in "
          f"{res['duration_s']:.0f} s (torch {machine['torch']}, {machine['cpu_count']} CPU cores), then "
-         "`benchmarks/gpu_check.py --merge` (benchmarks/gpu_commands.sh runs both). Images/s are the "
+         "`benchmarks/gpu/check.py --merge` (benchmarks/gpu/commands.sh runs both). Images/s are the "
          "trainer's own (metrics.csv, the last epoch; the first holds torch.compile's compiling). "
          "Absolute, on one machine: machines of the same kind have differed by up to 25%.", "",
          "| figure | value | goal | met |", "|---|---|---|---|"]

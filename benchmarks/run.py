@@ -2,58 +2,18 @@
 
     .venv/bin/python -m benchmarks.run                 # full run (about 90 min on 2 idle CPU cores)
     .venv/bin/python -m benchmarks.run --quick         # smoke run (~1 min), for tests
-    .venv/bin/python -m benchmarks.run --only loader_speedup,overhead   # a subset
-    .venv/bin/python -m benchmarks.run --only sweep --merge   # re-measure one, keep the rest
+    .venv/bin/python -m benchmarks.run --only loader_speedup,horovod_np1_overhead   # a subset
+    .venv/bin/python -m benchmarks.run --only sweep_wall_time --merge   # re-measure one, keep the rest
 
-The full run writes benchmarks/results.json and benchmarks/RESULTS.md. --quick
-writes into a fresh temporary folder unless --out is given, so a smoke run
-never replaces the committed results. --only takes figure names, or the short
-name of a figure's module (fig_loader.py: loader); figures left out say so, or with
---merge keep their entries from the existing results.json, marked with the run that made them.
+The full run writes benchmarks/results/results.json and benchmarks/results/RESULTS.md. --quick
+writes into a fresh temporary folder unless --out is given, so a smoke run never replaces the
+committed results. --only takes figure names; figures left out say so, or with --merge keep their
+entries from the existing results.json, marked with the run that made them.
 
-Figures (each the median over interleaved repeats; every repeat is recorded):
-
-  loader_speedup          images/s of loaders.DeviceLoader over the torchvision PIL
-                          pipeline (2 workers), same images, full epochs   goal >= 20
-                          (fig_loader.py)
-  horovod_np1_overhead    training time of main_horovod.py at np=1 over main.py,
-                          same flags, sum of metrics.csv epoch_time_s      goal <= 1.02
-                          (fig_overhead.py)
-  scaling_efficiency_np2  images/s of horovodrun -np 2 --gloo over 2 x the
-                          images/s of one process with the same threads    goal >= 0.90
-                          (fig_scaling.py)
-  ddp_scaling_efficiency_np2  the same for torchrun -np 2 main_ddp.py    goal >= 0.90
-                          (fig_ddp_scaling.py)
-  horovod_vs_ddp_np2      images/s of horovodrun -np 2 over torchrun
-                          --nproc_per_node 2, same work (MobileNet; LeNet
-                          beside), and the allreduce per step of both     goal >= 0.95
-                          (fig_ddp.py)
-  horovod_idle_threads_gain  Horovod np=2 images/s with its threads in the
-                          cores' spare time over normal priority (MobileNet;
-                          LeNet beside), and the other levers on its per-step
-                          cost against the defaults, DDP beside them      goal >= 1.05
-                          (fig_levers.py)
-  layout_design_cost      step time of channels_last weights with
-                          layout.GradLayout over contiguous weights with
-                          channels_last input, gradient hooks on           goal <= 1.02
-                          (fig_layout.py)
-  sweep_wall_time         wall time of two runs as one --sweep job at np=2
-                          (a process per run) over the same two runs one
-                          after the other at np=2; beside it four runs
-                          queued on two groups over the four in turn      goal <= 0.9
-                          (fig_sweep.py)
-  scaling_model_heldout_error  the scaling model's largest relative error of
-                          the step time on runs across 2-4 namespace hosts
-                          with shaped links that it was not fitted to;
-                          beside it predictions for GPU clusters (needs
-                          root; about 40 minutes)                          goal <= 0.2
-                          (fig_hosts.py)
-  real_data_accuracy      LeNet's test accuracy on real CIFAR-10 after 10
-                          epochs under main.py; beside it every trainer,
-                          the torchvision pipeline and a second model:
-                          accuracy, time to a fixed accuracy, images/s,
-                          and accuracy.png                                goal >= 0.58
-                          (fig_accuracy.py)
+Each figure is one module of benchmarks/figures/, named by its figure id (its NAME, its key in
+results.json), with its goal and what it measures in its docstring and DESCRIPTION; FIGURES
+below lists them in the order they run and are reported. Each is the median over interleaved
+repeats, every repeat recorded.
 
 Side A and side B of a figure alternate (ABBA...), so slow drift of a shared,
 noisy machine falls on both. The headline of a figure is the median of the
@@ -79,33 +39,30 @@ import time
 
 import torch
 
-from benchmarks import (
-    fig_accuracy,
-    fig_ddp,
-    fig_ddp_scaling,
-    fig_hosts,
-    fig_layout,
-    fig_levers,
-    fig_loader,
-    fig_overhead,
-    fig_scaling,
-    fig_sweep,
-    harness,
+from benchmarks import harness
+from benchmarks.figures import (
+    ddp_scaling_efficiency_np2,
+    horovod_idle_threads_gain,
+    horovod_np1_overhead,
+    horovod_vs_ddp_np2,
+    layout_design_cost,
+    loader_speedup,
+    real_data_accuracy,
+    scaling_efficiency_np2,
+    scaling_model_heldout_error,
+    sweep_wall_time,
 )
 from training import devices
 
-# The registry: every figure, in the order they run and are reported. A new figure
-# is a fig_*.py module with harness.py's interface, and one entry here.
-FIGURES = [fig_loader, fig_overhead, fig_scaling, fig_ddp_scaling, fig_ddp, fig_levers, fig_layout, fig_sweep,
-           fig_hosts, fig_accuracy]
-
-
-def short_name(mod):
-    return mod.__name__.rsplit(".", 1)[-1].removeprefix("fig_")
+# The registry: every figure, in the order they run and are reported. A new figure is a module of
+# benchmarks/figures/ named by its NAME, with harness.py's interface, and one entry here.
+FIGURES = [loader_speedup, horovod_np1_overhead, scaling_efficiency_np2, ddp_scaling_efficiency_np2,
+           horovod_vs_ddp_np2, horovod_idle_threads_gain, layout_design_cost, sweep_wall_time,
+           scaling_model_heldout_error, real_data_accuracy]
 
 
 def parse_args(argv):
-    names = ", ".join(f"{m.NAME} ({short_name(m)})" for m in FIGURES)
+    names = ", ".join(m.NAME for m in FIGURES)
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="smoke run with tiny sizes and one repeat (~1 min)")
     p.add_argument("--out", default=None,
@@ -117,7 +74,7 @@ def parse_args(argv):
                    help="keep the figures not run from the existing results.json in --out, each marked "
                         "with the date, commit and command of the run that measured it")
     args = p.parse_args(argv)
-    by_name = {key: m for m in FIGURES for key in (m.NAME, short_name(m))}
+    by_name = {m.NAME: m for m in FIGURES}
     wanted = args.only.split(",") if args.only else [m.NAME for m in FIGURES]
     unknown = sorted(set(wanted) - set(by_name))
     if unknown:
@@ -129,7 +86,7 @@ def parse_args(argv):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    out = args.out or (tempfile.mkdtemp(prefix="bench-quick-") if args.quick else harness.HERE)
+    out = args.out or (tempfile.mkdtemp(prefix="bench-quick-") if args.quick else harness.RESULTS)
     os.makedirs(out, exist_ok=True)
     cfgs = {m.NAME: m.QUICK if args.quick else m.FULL for m in FIGURES}
 

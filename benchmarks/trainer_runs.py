@@ -7,7 +7,7 @@ main_ddp.py alone or under `torchrun --nproc_per_node 2`, with the same flags (L
 on synthetic data unless the settings name another `arch`: LeNet is the only model
 cheap enough for several repeats on 2 CPU cores), on data generated once beforehand,
 each run in a fresh checkpoint folder. Its imports are the standard library's, so
-benchmarks/gpu_check.py runs it from any python3 before the set-up.
+benchmarks/gpu/check.py runs it from any python3 before the set-up.
 """
 import csv
 import os
@@ -19,20 +19,8 @@ import sys
 import threading
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-# Open MPI refuses root without these; oversubscription lets 3 ranks share 2 cores.
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
-
-
-def env(extra=None, python=sys.executable):
-    """A trainer's environment: `python`'s folder first on PATH (its horovodrun, torchrun),
-    unbuffered output, Open MPI's root settings, then `extra`."""
-    e = dict(os.environ, PYTHONUNBUFFERED="1",
-             PATH=os.path.dirname(python) + os.pathsep + os.environ.get("PATH", ""))
-    e.update(MPI_ENV)
-    e.update(extra or {})
-    return e
+# The benchmarks' figures take these from here, with the runs.
+from testbed.env import MPI_ENV, ROOT, env, rank_pids, trainer_pids  # noqa: F401
 
 
 def run_trainer(cmd, ckpt, env_extra=None, timeout=900, python=sys.executable):
@@ -44,34 +32,6 @@ def run_trainer(cmd, ckpt, env_extra=None, timeout=900, python=sys.executable):
         return r, []
     with open(os.path.join(ckpt, "metrics.csv")) as f:
         return r, list(csv.DictReader(f))
-
-
-def trainer_pids(script, marker=None, **env_match):
-    """{pid: environment} of running `script` processes whose command line holds `marker`
-    and whose environment has every NAME=value of env_match, found through /proc."""
-    found = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = f.read()
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                penv = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-        if script.encode() not in cmd or (marker and marker.encode() not in cmd):
-            continue
-        penv = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in penv.items()}
-        if all(penv.get(k) == str(v) for k, v in env_match.items()):
-            found[int(pid)] = penv
-    return found
-
-
-def rank_pids(script, marker=None, **env_match):
-    """{rank: pid} of a job's trainer processes, by the rank their launcher gave them
-    (HOROVOD_RANK from horovodrun, OMPI_COMM_WORLD_RANK from mpirun, RANK from torchrun)."""
-    ranks = {pid: e.get("HOROVOD_RANK", e.get("OMPI_COMM_WORLD_RANK", e.get("RANK")))
-             for pid, e in trainer_pids(script, marker, **env_match).items()}
-    return {int(rank): pid for pid, rank in ranks.items() if rank is not None}
 
 
 def images_per_s(rows):
@@ -123,9 +83,9 @@ class TrainerRuns:
 
     def run(self, kind, pin=None, env_extra=None, flags=()):
         """kind: main | hvd | hvd2 | hvd2-mpi | hvd-normal | hvd2-normal | ddp | ddp2 (-normal:
-        benchmarks.normal_priority, Horovod's threads at normal priority). pin: CPUs the process is confined to (as
-        taskset -c). env_extra: more environment (Horovod's knobs); flags: more trainer flags.
-        Safe to call from two threads at once (see fig_scaling's ceiling)."""
+        benchmarks.diagnostics.normal_priority, Horovod's threads at normal priority). pin: CPUs the
+        process is confined to (as taskset -c). env_extra: more environment (Horovod's knobs);
+        flags: more trainer flags. Safe to call from two threads at once (see scaling_efficiency_np2's ceiling)."""
         with self.lock:
             self.count += 1
             ckpt = os.path.join(self.scratch, f"ckpt-{self.count:03d}-{kind}")
@@ -149,7 +109,7 @@ class TrainerRuns:
         script = {"main": "main.py", "ddp": "main_ddp.py", "ddp2": "main_ddp.py"}.get(kind, "main_horovod.py")
         if "--sweep" in flags:  # many runs as one job: main_sweep.py, with main_horovod.py's flags
             script = "main_sweep.py"
-        entry = ["-m", "benchmarks.normal_priority"] if kind.endswith("-normal") else [script]
+        entry = ["-m", "benchmarks.diagnostics.normal_priority"] if kind.endswith("-normal") else [script]
         # main.py has no --warmup-epochs (it belongs to the ports); at np=1 the
         # warm-up is a no-op anyway (LR scale 1), and it is 0 for np=2 here too.
         extra = [] if kind == "main" else ["--warmup-epochs", "0"]

@@ -3,7 +3,8 @@ checks several test modules make. conftest.py holds only fixtures.
 
 Every trainer run is a real subprocess (python, horovodrun, mpirun or torchrun), on the CPU,
 with LeNet on a few hundred synthetic images, so the suite stays fast on 2 cores.
-benchmarks/ imports `MPI_ENV` and `env` from here too.
+The environment they run in, and finding their processes, are testbed/env.py's, which the
+benchmarks use too.
 """
 import csv
 import os
@@ -16,7 +17,7 @@ import time
 
 import torch
 
-from benchmarks.trainer_runs import rank_pids, trainer_pids  # noqa: F401 (the tests' too)
+from testbed.env import MPI_ENV, env, rank_pids, trainer_pids  # noqa: F401 (the tests' too)
 from training import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -25,24 +26,10 @@ PY = sys.executable
 SYNTH = 500  # training images; test gets 100
 # Writes real CIFAR-10 from a JPEG pack; it sits beside a clone of the project, not in it.
 REAL_DATA_MAKER = os.path.join(os.path.dirname(ROOT), "shared", "data", "make_cifar10.py")
-# Open MPI refuses root without these; oversubscription lets 3 ranks share 2 cores.
-MPI_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
-
-
 # How a process that aborted (SIGABRT) shows: libstdc++'s last words, or a launcher's report of
 # the status (torchrun's -6, horovodrun's 134, mpirun's signal 6).
 ABORTED = re.compile(r"terminate called|Fatal Python error: Aborted|exitcode\s*: -6 |"
                      r"exit with status code 134|exited on signal 6|SIGABRT")
-
-
-def env(extra=None):
-    """The environment of a launched process: this venv first on PATH, unbuffered
-    output, Open MPI's root settings, then `extra`."""
-    e = dict(os.environ, PYTHONUNBUFFERED="1", PATH=BIN + os.pathsep + os.environ.get("PATH", ""))
-    e.update(MPI_ENV)
-    e.update(extra or {})
-    return e
 
 
 # The schedule of a job that a test ends itself (kill, SIGTERM): long enough that the job

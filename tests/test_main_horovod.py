@@ -227,7 +227,7 @@ def test_the_allreduce_levers_leave_the_weights_bitwise_equal(np2_run, data_dir,
     if lever == "normal priority":  # Horovod's threads as they ran before share_cores(spare=...)
         cmd = horovod_cmd(2, args)
         at = cmd.index(PY) + 1
-        cmd[at:at + 1] = ["-m", "benchmarks.normal_priority"]
+        cmd[at:at + 1] = ["-m", "benchmarks.diagnostics.normal_priority"]
     else:
         cmd = horovod_cmd(2, [*args, "--allreduce-groups", 1 if lever == "one group" else 3])
     assert_ok(run(cmd))

@@ -1,9 +1,9 @@
 """Links of a known rate between namespace hosts (scripts/local_cluster.sh up N --rate R), and
-the allreduce probe users run on their own cluster (benchmarks/allreduce.py) measuring one.
+the allreduce probe users run on their own cluster (tools/allreduce.py) measuring one.
 
 Each test makes its own two-host cluster with shaped links and removes it at the end, also
 when it fails; `down` must leave no namespace, link or queue discipline of it. The scaling
-measurements these links serve are a benchmark (benchmarks/fig_hosts.py), not a test.
+measurements these links serve are a benchmark (benchmarks/figures/scaling_model_heldout_error.py), not a test.
 Without root (namespaces) the module is skipped, in one line; under CI it fails instead.
 """
 import json
@@ -72,7 +72,7 @@ def test_the_allreduce_probe_measures_the_shaped_rate(tmp_path):
         c.up(2, "--rate", f"{RATE_MBIT}mbit")
         out = tmp_path / "probe.json"
         cmd = c.on(1, ["mpirun", "-np", 2, "--hostfile", c.vars["CLUSTER_HOSTFILE"], *c.vars["CLUSTER_MPIRUN_ARGS"],
-                       PY, "-m", "benchmarks.allreduce", "--arch", "lenet", "--batch-size", 32, "--json", out])
+                       PY, "-m", "tools.allreduce", "--arch", "lenet", "--batch-size", 32, "--json", out])
         t0 = time.monotonic()
         r = assert_ok(run(cmd, env_extra=dict(c.env, OMP_NUM_THREADS="1"), timeout=300))
         said = json.loads(out.read_text())

@@ -57,7 +57,7 @@ def test_gpu_check_jobs_run_on_the_cpu(tmp_path):
     # of their own (--compile, bf16, fp16, --no-channels-last) are left out to keep the suite short.
     out = tmp_path / "gpu-check.json"
     skips = ["--skip=--compile", "--skip=bf", "--skip=fp16", "--skip=float16", "--skip=--no-channels-last"]
-    r = subprocess.run([PY, "-m", "benchmarks.gpu_check", "--device", "cpu", "--no-setup", *skips, "--out", str(out)],
+    r = subprocess.run([PY, "-m", "benchmarks.gpu.check", "--device", "cpu", "--no-setup", *skips, "--out", str(out)],
                        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     lines = r.stdout.strip().splitlines()
@@ -69,7 +69,7 @@ def test_gpu_check_jobs_run_on_the_cpu(tmp_path):
 
 
 def test_gpu_check_without_a_gpu_is_one_line_and_quick():
-    r = subprocess.run(["python3", "-m", "benchmarks.gpu_check"], cwd=ROOT, capture_output=True, text=True,
+    r = subprocess.run(["python3", "-m", "benchmarks.gpu.check"], cwd=ROOT, capture_output=True, text=True,
                        timeout=60, env=env({"PATH": "/usr/bin:/bin"}))  # no nvidia-smi on this PATH
     assert r.returncode == 1
     lines = (r.stdout + r.stderr).strip().splitlines()

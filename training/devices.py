@@ -76,7 +76,7 @@ def share_cores(device, local_rank=0, local_size=1, spare=(), start=None):
     background thread wakes every cycle (1 ms) to negotiate with the other ranks; on a core
     that training fills, each wake-up took time from training and the allreduces came one
     small tensor at a time. At np=2 on 2 cores (one per rank) it trains faster with the same
-    results (benchmarks/RESULTS.md, horovod_idle_threads_gain).
+    results (benchmarks/results/RESULTS.md, horovod_idle_threads_gain).
 
     A process that its launcher did not bind to cores (horovodrun does not; mpirun does)
     is pinned, every thread of it, to its own share of the cores it may use, and runs

@@ -6,7 +6,7 @@ fewer, larger batches, and takes what published short CIFAR-10 schedules show to
 (Page 2018, "How to train your ResNet"; Jordan 2024, airbench): Nesterov momentum, a
 one-cycle LR (a linear ramp to the peak, then linearly to 0, per step), label smoothing
 and cutout (`--recipe fast`; its measured accuracy, and what each change gave, are in
-benchmarks/RESULTS.md). The flags take their defaults from the chosen recipe (cli.py)
+benchmarks/results/RESULTS.md). The flags take their defaults from the chosen recipe (cli.py)
 and the engine reads the rest (utils.py); nothing else writes a hyperparameter.
 """
 

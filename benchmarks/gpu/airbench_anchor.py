@@ -1,6 +1,6 @@
 """airbench94, the time-to-accuracy anchor, trained on the same CIFAR-10 copy as the trainer.
 
-    python -m benchmarks.airbench_anchor --sdist airbench-0.1.8.tar.gz --data DIR --runs 3 --out F
+    python -m benchmarks.gpu.airbench_anchor --sdist airbench-0.1.8.tar.gz --data DIR --runs 3 --out F
 
 DIR holds cifar-10-batches-py (data.py reads it). airbench's loader reads cifar10/train.pt and
 cifar10/test.pt under its working folder when they exist (uint8 N x 32 x 32 x 3 images, int64

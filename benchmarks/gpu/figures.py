@@ -1,15 +1,15 @@
 """GPU figures, the first of two commands: accuracy and speed on a named GPU beside the anchors,
-written to benchmarks/results-gpu.json.
+written to benchmarks/results/results-gpu.json.
 
-    python3 -m benchmarks.gpu --kit KIT --out FILE          # on the GPU machine's own PyTorch
-    python3 -m benchmarks.gpu_check --kit KIT --merge FILE  # then the second (needs Horovod)
+    python3 -m benchmarks.gpu.figures --kit KIT --out FILE          # on the GPU machine's own PyTorch
+    python3 -m benchmarks.gpu.check --kit KIT --merge FILE  # then the second (needs Horovod)
 
 KIT holds what an offline GPU machine lacks: airbench-0.1.8.tar.gz, and data/ with
 cifar10-jpeg.npz and its make_cifar10.py (the real CIFAR-10 copy). In order, each writing
 FILE as it ends, so that a command stopped at its limit keeps what it measured:
 
   data       real CIFAR-10 from the pack (make_cifar10.py), the layout main.py reads
-  anchors    airbench94 on the same copy (benchmarks/airbench_anchor.py): its mean accuracy
+  anchors    airbench94 on the same copy (benchmarks/gpu/airbench_anchor.py): its mean accuracy
              without test-time augmentation (tta0) and with it (tta2), and its time
   accuracy   main.py --recipe fast, bf16, --compile: its metrics.csv, its accuracy without TTA
              against airbench's tta0 mean and, evaluated again with --tta, against tta2
@@ -116,7 +116,7 @@ def prepare_data(kit, scratch):
 
 def anchors(kit, real, scratch):
     out = os.path.join(scratch, "airbench.json")
-    cmd = [python(), "-m", "benchmarks.airbench_anchor", "--sdist", os.path.join(kit, "airbench-0.1.8.tar.gz"),
+    cmd = [python(), "-m", "benchmarks.gpu.airbench_anchor", "--sdist", os.path.join(kit, "airbench-0.1.8.tar.gz"),
            "--data", real, "--runs", "3", "--out", out]
     r = subprocess.run(cmd, cwd=harness.ROOT, env=trainer_runs.env(python=python()), capture_output=True,
                        text=True, timeout=400)
@@ -177,7 +177,7 @@ def syncs(scratch):
     """The host syncs of each epoch of the bs128 bf16 compiled run, with recompilations and
     CUDA-graph decisions logged (TORCH_LOGS)."""
     ckpt = os.path.join(scratch, "syncs")
-    cmd = [python(), "-m", "benchmarks.host_syncs", "main.py", "--arch", "resnet18", "--dataset", "synthetic",
+    cmd = [python(), "-m", "benchmarks.gpu.host_syncs", "main.py", "--arch", "resnet18", "--dataset", "synthetic",
            "--synthetic-size", "10000", "--data-dir", os.path.join(scratch, "data10000"), "--epochs", "2",
            "--checkpoint-dir", ckpt, "--log-interval", "100000", *BF16, "--compile"]
     env = {"TORCH_LOGS": "recompiles,perf_hints"}
@@ -254,7 +254,7 @@ def write(path, res):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kit", default=None, help="the folder with airbench's sdist and data/ (the real-data pack)")
-    p.add_argument("--out", default=os.path.join(harness.HERE, "results-gpu.json"))
+    p.add_argument("--out", default=os.path.join(harness.RESULTS, "results-gpu.json"))
     p.add_argument("--budget", type=float, default=480, help="seconds this command may take (default: 480)")
     p.add_argument("--only", action="append", choices=("anchors", "accuracy", "speed", "syncs", "ablation"),
                    default=None, help="run only these phases (repeatable; data is prepared where needed)")
@@ -265,7 +265,7 @@ def main(argv=None):
         ARCH.update(SMOKE)
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     elif not torch.cuda.is_available():
-        print("benchmarks.gpu: no CUDA GPU here; these figures are of a named GPU, so run it on one",
+        print("benchmarks.gpu.figures: no CUDA GPU here; these figures are of a named GPU, so run it on one",
               file=sys.stderr)
         return 1
     budget = Budget(args.budget)
@@ -278,7 +278,7 @@ def main(argv=None):
     scratch = tempfile.mkdtemp(prefix="bench-gpu-")
     device = "cpu (--cpu-smoke)" if args.cpu_smoke else torch.cuda.get_device_name()
     res = {"schema": harness.SCHEMA, "device": device, "machine": harness.machine_info(),
-           "first_command": " ".join(["python3", "-m", "benchmarks.gpu", *(argv or sys.argv[1:])]),
+           "first_command": " ".join(["python3", "-m", "benchmarks.gpu.figures", *(argv or sys.argv[1:])]),
            "runs": {}, "skipped": []}
 
     def phase(name, fn, cost=None):

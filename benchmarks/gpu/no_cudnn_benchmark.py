@@ -1,11 +1,11 @@
 """A trainer run with cuDNN's algorithm search off, as the trainer ran before it turned it on.
 
-    python -m benchmarks.no_cudnn_benchmark main.py --arch resnet18 ...
+    python -m benchmarks.gpu.no_cudnn_benchmark main.py --arch resnet18 ...
 
 Runs the named trainer's main() in this process with the given flags, with
 torch.backends.cudnn.benchmark left False after devices.place sets it: cuDNN then takes its
 heuristics' algorithm for each convolution instead of timing them. For the GPU figures that
-compare the two (benchmarks/gpu_check.py).
+compare the two (benchmarks/gpu/check.py).
 """
 import importlib
 import sys

@@ -1,6 +1,6 @@
 """BatchNorm averaging and the divergence guard on CUDA tensors, through Horovod's NCCL allreduce.
 
-    horovodrun -np 1 --gloo python -m benchmarks.cuda_paths
+    horovodrun -np 1 --gloo python -m benchmarks.gpu.cuda_paths
 
 One GPU holds one rank (NCCL refuses two on one device), so the second rank of
 utils.average_batchnorm is another model's statistics, added to the real hvd.allreduce of

@@ -1,7 +1,7 @@
 """Host syncs in the training loop on CUDA, counted by PyTorch's sync debug mode.
 
-    python -m benchmarks.host_syncs main.py --amp --epochs 2 ...
-    HOROVOD_ELASTIC=1 horovodrun -np 1 --gloo python -m benchmarks.host_syncs main_horovod.py --amp ...
+    python -m benchmarks.gpu.host_syncs main.py --amp --epochs 2 ...
+    HOROVOD_ELASTIC=1 horovodrun -np 1 --gloo python -m benchmarks.gpu.host_syncs main_horovod.py --amp ...
 
 Runs the named trainer's main() in this process with the given flags. Around every
 call of utils.train_epoch, torch.cuda.set_sync_debug_mode("warn") makes each operation
@@ -42,7 +42,7 @@ def counting(train_epoch, epochs):
 
 def main(argv):
     if not torch.cuda.is_available():
-        print("benchmarks.host_syncs: counts CUDA syncs and needs a CUDA GPU", file=sys.stderr)
+        print("benchmarks.gpu.host_syncs: counts CUDA syncs and needs a CUDA GPU", file=sys.stderr)
         return 1
     script, flags = argv[0], argv[1:]
     epochs = []

@@ -2,12 +2,12 @@
 
     make gpu-check                         # set-up (TORCH=system where a CUDA torch exists), then jobs
     make gpu-check GPU_PYTHON=/opt/conda/bin/python
-    python3 -m benchmarks.gpu_check --device cpu --quick --no-setup   # the same jobs on the CPU
+    python3 -m benchmarks.gpu.check --device cpu --quick --no-setup   # the same jobs on the CPU
 
 Each job prints one line with its images/s (the last epoch's, from metrics.csv) or why it
 failed; the exit status is non-zero if any job failed. Without a GPU it says so in one
 line and exits 1 at once. Offline, give the set-up HOROVOD_SDIST= and WHEELS= (docs/INSTALL.md).
-The lines also go to --out (JSON) for benchmarks/RESULTS.md.
+The lines also go to --out (JSON) for benchmarks/results/RESULTS.md.
 
 It uses the standard library only (and trainer_runs, which does too), so any python3
 runs it before the set-up; the jobs run in the set-up's .venv.
@@ -60,7 +60,7 @@ def setup(python):
 
 def jobs(cfg):
     """(name, launcher, flags, extra environment[, images]) of each job. launcher: main | hvd |
-    ddp | nosearch (main.py through benchmarks.no_cudnn_benchmark)."""
+    ddp | nosearch (main.py through benchmarks.gpu.no_cudnn_benchmark)."""
     hooks = {"HOROVOD_ELASTIC": "1"}  # np=1 with the gradient hooks on, as at every np >= 2
     bf16, fp16 = ["--amp", "--amp-dtype", "bfloat16"], ["--amp", "--amp-dtype", "float16"]
     return [
@@ -114,7 +114,7 @@ def run_job(py, cfg, scratch, n, name, launcher, flags, extra, results, images=N
     script = {"main": "main.py", "hvd": "main_horovod.py", "ddp": "main_ddp.py", "nosearch": "main.py"}[launcher]
     cmd = [py, script, *base, *flags]
     if launcher == "nosearch":
-        cmd = [py, "-m", "benchmarks.no_cudnn_benchmark", *cmd[1:]]
+        cmd = [py, "-m", "benchmarks.gpu.no_cudnn_benchmark", *cmd[1:]]
     if launcher == "hvd":
         cmd = [os.path.join(os.path.dirname(py), "horovodrun"), "-np", "1", "--gloo", *cmd]
     elif launcher == "ddp":
@@ -161,12 +161,12 @@ SYNCS_JOB = "main_horovod.py np=1, hooks on, fp16: host syncs"
 
 def syncs_job(py, cfg, scratch, results, limit=8):
     """fp16 AMP through Horovod's hooks: the host syncs of a whole epoch, counted by
-    benchmarks.host_syncs. The step loop must add none: an epoch has a fixed few (its
+    benchmarks.gpu.host_syncs. The step loop must add none: an epoch has a fixed few (its
     final reduction, its index upload), `limit` at most, whatever its length."""
     name = SYNCS_JOB
     ckpt = os.path.join(scratch, "syncs")
     cmd = [os.path.join(os.path.dirname(py), "horovodrun"), "-np", "1", "--gloo", py, "-m",
-           "benchmarks.host_syncs", "main_horovod.py", "--dataset", "synthetic", "--synthetic-size",
+           "benchmarks.gpu.host_syncs", "main_horovod.py", "--dataset", "synthetic", "--synthetic-size",
            str(cfg["images"]), "--data-dir", os.path.join(scratch, f"data{cfg['images']}"), "--arch", cfg["arch"],
            "--batch-size", str(cfg["batch"]), "--epochs", "2", "--checkpoint-dir", ckpt,
            "--log-interval", "100000", "--amp", "--amp-dtype", "float16"]
@@ -202,7 +202,7 @@ CUDA_PATHS_JOB = "BatchNorm averaging and check_epoch on CUDA through Horovod"
 
 
 def cuda_paths_job(py, cfg, results):
-    cmd = [os.path.join(os.path.dirname(py), "horovodrun"), "-np", "1", "--gloo", py, "-m", "benchmarks.cuda_paths"]
+    cmd = [os.path.join(os.path.dirname(py), "horovodrun"), "-np", "1", "--gloo", py, "-m", "benchmarks.gpu.cuda_paths"]
     r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=cfg["timeout"], env=env(python=py))
     lines = [ln[ln.index("cuda-paths:"):] for ln in r.stdout.splitlines() if "cuda-paths:" in ln]
     for ln in lines:
@@ -215,9 +215,9 @@ def cuda_paths_job(py, cfg, results):
 
 
 def merge(path, device, cfg, results):
-    """Add this command's jobs to the first command's results-gpu.json (benchmarks/gpu.py), and
+    """Add this command's jobs to the first command's results-gpu.json (benchmarks/gpu/figures.py), and
     the Horovod-over-main.py speed figure from the two jobs that give it."""
-    from benchmarks import gpu
+    from benchmarks.gpu import figures as gpu
     with open(path) as f:
         res = json.load(f)
     rates = {j["job"]: j for j in results if j.get("images_per_s")}
@@ -245,7 +245,7 @@ def main(argv=None):
                    "(default: 10,000 on a GPU)")
     p.add_argument("--out", default=None, help="also write the results here as JSON")
     p.add_argument("--merge", default=None, metavar="FILE",
-                   help="also add the results to FILE, the results-gpu.json of benchmarks.gpu")
+                   help="also add the results to FILE, the results-gpu.json of benchmarks.gpu.figures")
     args = p.parse_args(argv)
     if args.device == "cuda":
         found = gpus()

@@ -1,16 +1,16 @@
 """Measure Horovod's allreduce on your own cluster, at a model's gradient sizes, and predict
 how well training scales there.
 
-    mpirun -np 16 --hostfile H python -m benchmarks.allreduce --arch resnet18
-    horovodrun -np 16 -H node1:8,node2:8 python -m benchmarks.allreduce --arch resnet18
-    srun --mpi=pmix python -m benchmarks.allreduce --arch resnet18
+    mpirun -np 16 --hostfile H python -m tools.allreduce --arch resnet18
+    horovodrun -np 16 -H node1:8,node2:8 python -m tools.allreduce --arch resnet18
+    srun --mpi=pmix python -m tools.allreduce --arch resnet18
 
 Every process allreduces float32 tensors of sizes from a few KB up to all of the model's
 gradients, as the trainer would (GPUs with NCCL where there are GPUs, else the CPU), and takes
 the median time of each size. A line through them, time = latency + 2 (N - 1) / N x bytes /
 bandwidth, gives the network's bandwidth and per-message latency as one ring allreduce sees
 them. Rank 0 then times the model's forward and backward passes on its own device and prints,
-in a few lines, the efficiency the scaling model (benchmarks/scaling_model.py) predicts for a
+in a few lines, the efficiency the scaling model (tools/scaling_model.py) predicts for a
 training run at this N with each flag set: the fraction of N times one process's images/s.
 `--json FILE` also writes the figures.
 """
@@ -24,8 +24,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from benchmarks import scaling_model
 import models
+from tools import scaling_model
 
 # The share of the last backward pass that hides the allreduce: the fit at 2 namespace hosts with
 # a core each (docs/PERFORMANCE.md#how-cost-grows-with-hosts); a GPU's may differ.

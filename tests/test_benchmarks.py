@@ -97,8 +97,10 @@ def test_markdown_has_summary_sections_and_factual_notes(tmp_path):
         ["| side | images/s per repeat | median |", "|---|---|---|", "| a | 1, 2 | 2 |", ""]
 
 
-def test_only_accepts_names_and_short_names():
-    assert run.parse_args(["--only", "loader_speedup,scaling"]).figures == [run.fig_loader, run.fig_scaling]
+def test_only_takes_figure_names_which_are_their_modules_names():
+    assert run.parse_args(["--only", "loader_speedup,scaling_efficiency_np2"]).figures == \
+        [run.loader_speedup, run.scaling_efficiency_np2]
+    assert all(m.__name__ == f"benchmarks.figures.{m.NAME}" for m in run.FIGURES)
     assert run.parse_args([]).figures == run.FIGURES
 
 
@@ -133,7 +135,7 @@ def test_ddp_figures_run_tiny(tmp_path):
     """horovod_vs_ddp_np2 and ddp_scaling_efficiency_np2 on tiny settings: real horovodrun and
     torchrun jobs, every side measured, the allreduce per step of both trainers recorded."""
     r = subprocess.run([sys.executable, "-m", "benchmarks.run", "--quick", "--out", str(tmp_path),
-                        "--only", "horovod_vs_ddp_np2,ddp_scaling"], cwd=ROOT, capture_output=True,
+                        "--only", "horovod_vs_ddp_np2,ddp_scaling_efficiency_np2"], cwd=ROOT, capture_output=True,
                        text=True, timeout=600, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     figs = json.loads((tmp_path / "results.json").read_text())["figures"]
@@ -151,8 +153,8 @@ def test_ddp_figures_run_tiny(tmp_path):
 
 def test_gpu_figures_refuse_without_a_gpu_in_one_line():
     if torch.cuda.is_available():
-        pytest.skip("a GPU is here: benchmarks.gpu would run")
-    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu"], cwd=ROOT, capture_output=True, text=True,
+        pytest.skip("a GPU is here: benchmarks.gpu.figures would run")
+    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu.figures"], cwd=ROOT, capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "no CUDA GPU" in r.stderr
 

@@ -5,7 +5,7 @@ to half the cores). On the CPU a third side, recorded beside the headline, runs
 two independent np=1 processes at once, one on each half of the cores: the
 machine's own ceiling for two processes, without Horovod.
 
-`scaling` measures any trainer's pair of sides; fig_ddp_scaling.py uses it for DDP.
+`scaling` measures any trainer's pair of sides; ddp_scaling_efficiency_np2.py uses it for DDP.
 """
 import concurrent.futures
 import os

@@ -1,9 +1,9 @@
 """Where an np=2 step's time goes, Horovod's and DDP's: one run of each, the same work, with
 Horovod's timeline and a per-thread CPU view, over the steady state (the epochs after the first).
 
-    .venv/bin/python -m benchmarks.horovod_profile                      # MobileNet, batch 16
-    .venv/bin/python -m benchmarks.horovod_profile --arch lenet --batch 64 --size 5000 --epochs 4
-    HOROVOD_CYCLE_TIME=5 .venv/bin/python -m benchmarks.horovod_profile  # a setting, as the trainer takes it
+    .venv/bin/python -m benchmarks.diagnostics.horovod_profile          # MobileNet, batch 16
+    .venv/bin/python -m benchmarks.diagnostics.horovod_profile --arch lenet --batch 64 --size 5000 --epochs 4
+    HOROVOD_CYCLE_TIME=5 .venv/bin/python -m benchmarks.diagnostics.horovod_profile  # a setting
 
 For each trainer: its step time (metrics.csv), and every thread of both ranks with its CPU time
 and voluntary context switches (/proc/PID/task/TID: a thread that wakes to poll shows as many

@@ -2,15 +2,15 @@
 # The two GPU commands, as run on an offline GPU machine from a copy of the repository with
 # KIT (default .gpu-kit) holding ../shared/gpu-kit's files and, for the first, data/ (the pack).
 #
-#   bash benchmarks/gpu_commands.sh first OUT    # benchmarks/gpu.py: data, anchors, accuracy, speed
-#   bash benchmarks/gpu_commands.sh second OUT   # Horovod with NCCL, then benchmarks/gpu_check.py
+#   bash benchmarks/gpu/commands.sh first OUT    # benchmarks/gpu/figures.py: data, anchors, accuracy, speed
+#   bash benchmarks/gpu/commands.sh second OUT   # Horovod with NCCL, then benchmarks/gpu/check.py
 #
 # While the first measures on 12 of the machine's 16 cores, Horovod builds on the other 4 at the
 # lowest priority (scripts/setup.sh against the machine's PyTorch), and its wheel, stripped of
 # debug information, is left in OUT: the second command installs it instead of building, on
 # this machine or a fresh one given KIT/cache/<the folder named in OUT/horovod-wheel-dir.txt>.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 what=$1 out=$2 kit=${KIT:-.gpu-kit}
 export PYTHONUNBUFFERED=1 CIFAR_HVD_CACHE=$PWD/$kit/cache TORCH=system PYTHON=python3
 export HOROVOD_SDIST=$PWD/$kit/horovod-0.28.1.tar.gz WHEELS=$PWD/$kit
@@ -35,7 +35,7 @@ first)
     (pin 12-15 nice -n 19 bash scripts/setup.sh > "$out/horovod-build.log" 2>&1
      echo "setup exit $?" >> "$out/horovod-build.log") &
     build=$!
-    pin 0-11 python3 -m benchmarks.gpu --kit "$kit" --out "$out/results-gpu.json" \
+    pin 0-11 python3 -m benchmarks.gpu.figures --kit "$kit" --out "$out/results-gpu.json" \
         --budget "${BUDGET:-470}" 2>&1 | tee "$out/first.log"
     while kill -0 "$build" 2>/dev/null && [ "$SECONDS" -lt "${WAIT_UNTIL:-565}" ]; do sleep 2; done
     tail -3 "$out/horovod-build.log"
@@ -44,9 +44,9 @@ first)
 second)
     bash scripts/setup.sh > "$out/setup.log" 2>&1 || { tail -20 "$out/setup.log"; exit 1; }
     tail -2 "$out/setup.log"
-    [ -f "$out/results-gpu.json" ] || cp benchmarks/results-gpu.json "$out/results-gpu.json"
-    .venv/bin/python -m benchmarks.gpu_check --no-setup --images 50000 --merge "$out/results-gpu.json" \
+    [ -f "$out/results-gpu.json" ] || cp benchmarks/results/results-gpu.json "$out/results-gpu.json"
+    .venv/bin/python -m benchmarks.gpu.check --no-setup --images 50000 --merge "$out/results-gpu.json" \
         --out "$out/gpu-check.json" "${@:3}" 2>&1 | tee "$out/second.log"
     ;;
-*) echo "usage: bash benchmarks/gpu_commands.sh first|second OUT" >&2; exit 2 ;;
+*) echo "usage: bash benchmarks/gpu/commands.sh first|second OUT" >&2; exit 2 ;;
 esac

@@ -22,7 +22,8 @@ import shutil
 import subprocess
 import sys
 
-from benchmarks import harness, scaling_model, trainer_runs
+from benchmarks import harness, trainer_runs
+from tools import scaling_model
 
 NAME = "scaling_model_heldout_error"
 GOAL = ("<=", 0.20)
@@ -134,7 +135,7 @@ def measure(cfg, ctx):
 
 def gpu_predictions(params):
     """Efficiency of ResNet-18 on H100s (8 to a node) by GPUs, node link, batch and flags."""
-    with open(os.path.join(harness.HERE, "results-gpu.json")) as f:
+    with open(os.path.join(harness.RESULTS, "results-gpu.json")) as f:
         runs = json.load(f)["runs"]
     step = {"128": 128 / runs["main_bs128_bf16"]["images_per_s"],
             "512": 512 / runs["main_bs512_bf16"]["images_per_s"]}

@@ -7,10 +7,11 @@ Each repeat runs every setting once, in an order reversed every other repeat, on
 yardstick. The levers: DistributedOptimizer(groups=1), one grouped allreduce per step instead of
 one per tensor (--allreduce-groups); a 5 ms cycle; HOROVOD_ENABLE_ASYNC_COMPLETION with a 0 ms
 cycle (documented for GPUs); and the previous default, Horovod's threads at normal priority
-(benchmarks.normal_priority). Every setting trains the same weights: the levers change when and
-how gradients are reduced, not what is summed. `python -m benchmarks.horovod_knobs` runs more.
+(benchmarks.diagnostics.normal_priority). Every setting trains the same weights: the levers change when and
+how gradients are reduced, not what is summed. `python -m benchmarks.diagnostics.horovod_knobs` runs more.
 """
-from benchmarks import fig_ddp, harness, trainer_runs
+from benchmarks import harness, trainer_runs
+from benchmarks.figures import horovod_vs_ddp_np2
 
 NAME = "horovod_idle_threads_gain"
 GOAL = (">=", 1.05)
@@ -30,9 +31,9 @@ SETTINGS = {
     "DDP": ("ddp2", {}, []),
 }
 SIDES = ["defaults", "normal priority", "groups 1", "cycle 5 ms", "async, cycle 0", "DDP"]
-FULL = dict(trainer_runs.FULL, levers_repeats=3, levers_sides=SIDES, levers_model=fig_ddp.MODEL)
+FULL = dict(trainer_runs.FULL, levers_repeats=3, levers_sides=SIDES, levers_model=horovod_vs_ddp_np2.MODEL)
 QUICK = dict(trainer_runs.QUICK, levers_repeats=1, levers_sides=["defaults", "normal priority"],
-             levers_model=fig_ddp.QUICK["hvd_ddp_model"])
+             levers_model=horovod_vs_ddp_np2.QUICK["hvd_ddp_model"])
 
 
 def measure(runs, sides, repeats, label):
