@@ -13,20 +13,21 @@ main_horovod.py on many processes with Horovod, main_ddp.py with PyTorch's DDP.
 import sys
 import time
 
-# Horovod: the PyTorch binding (main.py runs without it); Adasum's rules, gradients' layout.
+# Horovod: the PyTorch binding (main.py runs without it); what the port asks of Horovod.
 import horovod.torch as hvd
 
-from training import adasum, checkpoints, cli, data, devices, divergence, launch, layout, runlog
+from training import checkpoints, cli, data, devices, divergence, hvd_port, launch, runlog
 import utils
 
 
 def main(argv=None):
-    # Horovod: its flags; join the job; a GPU, or a share of the cores, for each process on its
-    # host; metrics summed over the ranks, the LR x their number (Adasum: its own scale).
+    # Horovod: its flags; join the job (its CUDA settings first); a GPU or a share of the cores
+    # per process; metrics summed over ranks; the LR x their number (Adasum: its own scale).
     args = cli.parse_args(cli.add_horovod_args(cli.build_parser(__doc__)), argv)
+    hvd_port.apply()
     hvd.init()
     device = devices.place(hvd.local_rank(), hvd.local_size(), spare=devices.other_threads())
-    world = utils.World.of(args, rank=hvd.rank(), size=hvd.size(), lr_size=adasum.lr_size(args),
+    world = utils.World.of(args, rank=hvd.rank(), size=hvd.size(), lr_size=hvd_port.lr_size(args),
                            allreduce=lambda t: hvd.allreduce(t, op=hvd.Sum))
     launch.stop_on(args.stop_signal)  # a scheduler's warning signal, as SIGTERM
     reports = world.reports
@@ -38,7 +39,7 @@ def main(argv=None):
 
     model = utils.build_model(args, device)
     # Horovod: BatchNorm over the global batch (--sync-bn); gradients allreduced in backward;
-    # rank 0 reads the checkpoint, sends where to start, the optimizer state if any, the weights.
+    # rank 0 restores and broadcasts where to start, the optimizer state if any, the weights.
     if args.sync_bn:
         model = utils.replace_batchnorm(model, hvd.SyncBatchNorm)
     optimizer = distributed_optimizer(args, model, utils.make_optimizer(model, args))
@@ -82,12 +83,11 @@ def main(argv=None):
 
 
 def distributed_optimizer(args, model, optimizer):
-    # Horovod: allreduce each gradient as backward makes it (once per --batches-per-allreduce
-    # passes), channels_last ones as contiguous views; give back the fused step's flag it drops.
-    compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
+    # Horovod: allreduce gradients from backward (once per --batches-per-allreduce passes), as
+    # contiguous views where channels_last; give back the fused step's flag it drops.
     wrapped = hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(), groups=args.allreduce_groups,
-        compression=layout.GradLayout(compression),
+        compression=hvd_port.compression(args.fp16_allreduce),
         backward_passes_per_step=args.batches_per_allreduce,
         op=hvd.Adasum if args.use_adasum else hvd.Average)
     wrapped._step_supports_amp_scaling = optimizer._step_supports_amp_scaling

@@ -42,6 +42,7 @@ import torch
 from benchmarks import harness
 from benchmarks.figures import (
     ddp_scaling_efficiency_np2,
+    horovod_hook_overhead_ms,
     horovod_idle_threads_gain,
     horovod_np1_overhead,
     horovod_vs_ddp_np2,
@@ -56,9 +57,9 @@ from training import devices
 
 # The registry: every figure, in the order they run and are reported. A new figure is a module of
 # benchmarks/figures/ named by its NAME, with harness.py's interface, and one entry here.
-FIGURES = [loader_speedup, horovod_np1_overhead, scaling_efficiency_np2, ddp_scaling_efficiency_np2,
-           horovod_vs_ddp_np2, horovod_idle_threads_gain, layout_design_cost, sweep_wall_time,
-           scaling_model_heldout_error, real_data_accuracy]
+FIGURES = [loader_speedup, horovod_np1_overhead, horovod_hook_overhead_ms, scaling_efficiency_np2,
+           ddp_scaling_efficiency_np2, horovod_vs_ddp_np2, horovod_idle_threads_gain, layout_design_cost,
+           sweep_wall_time, scaling_model_heldout_error, real_data_accuracy]
 
 
 def parse_args(argv):

@@ -82,8 +82,9 @@ class TrainerRuns:
                 "--batch-size", str(c["train_batch"]), "--lr", "0.05", "--checkpoint-dir", ckpt]
 
     def run(self, kind, pin=None, env_extra=None, flags=()):
-        """kind: main | hvd | hvd2 | hvd2-mpi | hvd-normal | hvd2-normal | ddp | ddp2 (-normal:
-        benchmarks.diagnostics.normal_priority, Horovod's threads at normal priority). pin: CPUs the
+        """kind: main | hvd | hvd-hooks | hvd2 | hvd2-mpi | hvd-normal | hvd2-normal | ddp | ddp2
+        (-normal: benchmarks.diagnostics.normal_priority, Horovod's threads at normal priority;
+        hvd-hooks: benchmarks.diagnostics.hooks_on, np=1 with the gradient hooks on). pin: CPUs the
         process is confined to (as taskset -c). env_extra: more environment (Horovod's knobs);
         flags: more trainer flags. Safe to call from two threads at once (see scaling_efficiency_np2's ceiling)."""
         with self.lock:
@@ -109,7 +110,8 @@ class TrainerRuns:
         script = {"main": "main.py", "ddp": "main_ddp.py", "ddp2": "main_ddp.py"}.get(kind, "main_horovod.py")
         if "--sweep" in flags:  # many runs as one job: main_sweep.py, with main_horovod.py's flags
             script = "main_sweep.py"
-        entry = ["-m", "benchmarks.diagnostics.normal_priority"] if kind.endswith("-normal") else [script]
+        entry = (["-m", "benchmarks.diagnostics.normal_priority"] if kind.endswith("-normal") else
+                 ["-m", "benchmarks.diagnostics.hooks_on"] if kind == "hvd-hooks" else [script])
         # main.py has no --warmup-epochs (it belongs to the ports); at np=1 the
         # warm-up is a no-op anyway (LR scale 1), and it is 0 for np=2 here too.
         extra = [] if kind == "main" else ["--warmup-epochs", "0"]

@@ -14,7 +14,8 @@ points (main.py and its ports) use. One concern a module:
   errors       the failures a user sees as one line
   launch       a process's rank before init, stop signals, one-line exits
   process_group  the DDP port's process group, joined and left whole
-  adasum       Horovod's Adasum: its limits and its LR scale
+  hvd_port     what the Horovod ports ask of Horovod: its CUDA settings, the gradients'
+               compression, Adasum's limits and LR scale
   sweep        main_sweep.py: many runs as one MPI job, queued on groups
   sweep_report what a sweep reports: sweep.csv, the table, sweep.png
 

@@ -155,6 +155,10 @@ def add_distributed_args(p, title="distributed"):
 def add_horovod_args(p):
     """The Horovod port's flags (main_horovod.py, main_elastic.py): the shared ones and its own."""
     g = add_distributed_args(p, "Horovod")
+    g.description = ("On CUDA, Horovod starts with HOROVOD_ENABLE_ASYNC_COMPLETION=1 unless the\n"
+                     "environment sets it: a step's allreduce then completes as a CUDA event the\n"
+                     "training stream waits on, not in a wait that holds the host\n"
+                     "(training/hvd_port.py). HOROVOD_ENABLE_ASYNC_COMPLETION=0 turns it off.")
     g.add_argument("--fp16-allreduce", action="store_true",
                    help="compress gradients to float16 for the allreduce")
     g.add_argument("--use-adasum", action="store_true",
