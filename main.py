@@ -33,8 +33,7 @@ def main(argv=None):
     optimizer = utils.make_optimizer(model, args)
     start = checkpoints.restore(args, model, optimizer)
     scaler = utils.make_scaler(args, device, start["scaler"])
-    schedule = utils.LRSchedule(**start["schedule"], epochs=args.epochs, scale=world.lr_scale,
-                                warmup_epochs=args.warmup_epochs, shape=args.lr_schedule)
+    schedule = utils.make_schedule(args, start["schedule"], world.lr_scale)
     train_model = utils.training_model(args, model, optimizer)
 
     if args.evaluate:
@@ -46,7 +45,7 @@ def main(argv=None):
     log = runlog.RunLog(args, reports, world.size, start["history"], start["epoch"])
     best_acc = start["best_acc"]
     for epoch in range(start["epoch"], cli.last_epoch(args)):
-        if log.target_reached():  # --target-acc: the last epoch reached it
+        if utils.target_reached(args, log.history):  # --target-acc: an epoch reached it
             break
         t0 = time.perf_counter()
         train = utils.train_epoch(train_model, train_loader, optimizer, scaler, schedule, epoch,

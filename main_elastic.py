@@ -48,8 +48,7 @@ def main(argv=None):
     optimizer = distributed_optimizer(args, model, utils.make_optimizer(model, args))
     start, error = first_start(args, model, optimizer)
     scaler = utils.make_scaler(args, device, start["scaler"])
-    schedule = utils.LRSchedule(**start["schedule"], epochs=args.epochs,
-                                warmup_epochs=args.warmup_epochs, shape=args.lr_schedule)
+    schedule = utils.make_schedule(args, start["schedule"])  # scaled in each world
     state = ElasticState(
         model=model, optimizer=optimizer,
         epoch=start["epoch"],  # the next epoch; with the seed, it fixes data order and augmentation
@@ -106,7 +105,7 @@ def run_epochs(state, worker, train_model, optimizer, scaler, schedule):
     log = worker.start(state.epoch, state.history)
     train_loader, test_loader = worker.loaders
     for epoch in range(state.epoch, cli.last_epoch(args)):
-        if log.target_reached():  # --target-acc: the last epoch reached it
+        if utils.target_reached(args, log.history):  # --target-acc: an epoch reached it
             break
         t0 = time.perf_counter()
         train = utils.train_epoch(train_model, train_loader, optimizer, scaler, schedule, epoch,

@@ -49,8 +49,7 @@ def main(argv=None):
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     scaler = utils.make_scaler(args, device, start["scaler"])
-    schedule = utils.LRSchedule(**start["schedule"], epochs=args.epochs, scale=world.lr_scale,
-                                warmup_epochs=args.warmup_epochs, shape=args.lr_schedule)
+    schedule = utils.make_schedule(args, start["schedule"], world.lr_scale)
     train_model = utils.training_model(args, model, optimizer)
 
     if args.evaluate:
@@ -62,7 +61,7 @@ def main(argv=None):
     log = runlog.RunLog(args, reports, world.size, start["history"], start["epoch"])
     best_acc = start["best_acc"]
     for epoch in range(start["epoch"], cli.last_epoch(args)):
-        if log.target_reached():  # --target-acc: the last epoch reached it
+        if utils.target_reached(args, log.history):  # --target-acc: an epoch reached it
             break
         t0 = time.perf_counter()
         train = utils.train_epoch(train_model, train_loader, optimizer, scaler, schedule, epoch,
@@ -82,9 +81,9 @@ def main(argv=None):
     return model, log.history
 
 
+# Horovod: allreduce gradients from backward (once per --batches-per-allreduce passes), as
+# contiguous views where channels_last; give back the fused step's flag it drops.
 def distributed_optimizer(args, model, optimizer):
-    # Horovod: allreduce gradients from backward (once per --batches-per-allreduce passes), as
-    # contiguous views where channels_last; give back the fused step's flag it drops.
     wrapped = hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(), groups=args.allreduce_groups,
         compression=hvd_port.compression(args.fp16_allreduce),

@@ -17,9 +17,8 @@ import torch
 import torch.nn.functional as F
 
 import models
-from training import data, divergence, layout, loaders
-from training.recipe import RECIPE
-from training.runlog import PhaseTimer, Progress
+from training import data, divergence, layout, loaders, recipe
+from training.runlog import PhaseTimer, Progress, first_reaching
 
 
 def local_sum(t):
@@ -83,13 +82,12 @@ def replace_batchnorm(module, factory):
     return module
 
 
-def make_optimizer(model, args=None):
-    """SGD with the recipe's momentum and weight decay, Nesterov under --nesterov. The LR is set
-    by LRSchedule before every step; 0 here is a placeholder. Fused: the whole update is one
-    kernel per step instead of a few per tensor group."""
-    nesterov = RECIPE["nesterov"] if args is None else args.nesterov
-    return torch.optim.SGD(model.parameters(), lr=0.0, momentum=RECIPE["momentum"],
-                           nesterov=nesterov, weight_decay=RECIPE["weight_decay"], fused=True)
+def make_optimizer(model, args):
+    """SGD with the chosen recipe's momentum, --weight-decay, Nesterov under --nesterov. The LR
+    is set by LRSchedule before every step; 0 here is a placeholder. Fused: the whole update is
+    one kernel per step instead of a few per tensor group."""
+    return torch.optim.SGD(model.parameters(), lr=0.0, momentum=recipe.of(args)["momentum"],
+                           nesterov=args.nesterov, weight_decay=args.weight_decay, fused=True)
 
 
 def make_scaler(args, device, state=None):
@@ -163,21 +161,30 @@ class FullBatchesCompiled(torch.nn.Module):
         return self.model
 
 
+def make_schedule(args, saved, scale=1.0):
+    """The run's LRSchedule: `saved` (where it starts, from what LR: checkpoints' start), the
+    flags' shape, epochs and warm-up, the recipe's one-cycle peak, the port's LR scale."""
+    return LRSchedule(**saved, epochs=args.epochs, scale=scale, warmup_epochs=args.warmup_epochs,
+                      shape=args.lr_schedule, peak=recipe.of(args)["onecycle_peak"])
+
+
 class LRSchedule:
     """From base_lr at start_epoch to 0 at epochs, times `scale` (the world size under
     Horovod), with an optional per-batch linear warm-up from base_lr to base_lr * scale
     (Goyal et al.). `shape` cosine: stepped per epoch as in pytorch-cifar; onecycle: per
-    batch, linearly from 0 to base_lr over the first ONECYCLE_PEAK of the span, then
+    batch, linearly from 0 to base_lr over the first `peak` of the span (a fraction), then
     linearly to 0 (the triangle of short CIFAR-10 schedules).
 
     It is a pure function of the (fractional) epoch; its state is just where
     the schedule started and from what, which is all a resume needs.
     """
-    ONECYCLE_PEAK = 0.2
 
-    def __init__(self, base_lr, start_epoch, epochs, scale=1.0, warmup_epochs=0.0, shape="cosine"):
+    def __init__(self, base_lr, start_epoch, epochs, scale=1.0, warmup_epochs=0.0, shape="cosine",
+                 peak=None):
+        if shape == "onecycle" and not (peak and 0 < peak < 1):
+            raise ValueError(f"a one-cycle schedule needs its peak, a fraction (got {peak})")
         self.base_lr, self.start_epoch, self.epochs = base_lr, start_epoch, epochs
-        self.scale, self.warmup_epochs, self.shape = scale, warmup_epochs, shape
+        self.scale, self.warmup_epochs, self.shape, self.peak = scale, warmup_epochs, shape, peak
 
     def state_dict(self):
         return {"base_lr": self.base_lr, "start_epoch": self.start_epoch}
@@ -188,7 +195,7 @@ class LRSchedule:
     def __call__(self, epoch):
         span = max(self.epochs - self.start_epoch, 1)
         if self.shape == "onecycle":
-            done, peak = (epoch - self.start_epoch) / span, self.ONECYCLE_PEAK
+            done, peak = (epoch - self.start_epoch) / span, self.peak
             factor = max(done / peak if done < peak else (1 - done) / (1 - peak), 0.0)
         else:
             factor = 0.5 * (1 + math.cos(math.pi * (math.floor(epoch) - self.start_epoch) / span))
@@ -211,21 +218,26 @@ def make_loaders(args, train, test, device, world=World()):
     """This rank's (train, test) loaders. A training batch holds the images of all
     of a step's backward passes (--batches-per-allreduce)."""
     per_step, rank, size = args.batch_size * world.batches_per_allreduce, world.rank, world.size
+    pad = recipe.of(args)["crop_padding"]
     if args.loader == "torchvision":
         return (loaders.torchvision_loader(*train, per_step, train=True, rank=rank, size=size,
-                                           seed=args.seed, workers=args.workers,
-                                           pad=RECIPE["crop_padding"]),
+                                           seed=args.seed, workers=args.workers, pad=pad),
                 loaders.torchvision_loader(*test, args.batch_size, train=False, rank=rank,
                                            size=size, workers=args.workers))
     dtype = torch.bfloat16 if args.amp and args.amp_dtype == "bfloat16" else torch.float32
     common = dict(rank=rank, size=size, seed=args.seed, device=device, dtype=dtype,
-                  channels_last=layout.wanted(args, device), pad=RECIPE["crop_padding"])
+                  channels_last=layout.wanted(args, device), pad=pad)
     return (loaders.DeviceLoader(*train, per_step, train=True, cutout=args.cutout, **common),
             loaders.DeviceLoader(*test, args.batch_size, train=False, **common))
 
 
 # ============================================================================
 # The epoch loop
+
+def target_reached(args, history):
+    """Whether an epoch so far (resumed ones too) reached --target-acc: the loop ends there."""
+    return first_reaching(history, args.target_acc) is not None
+
 
 def seed_epoch(seed, epoch, rank):
     """Seed torch's global RNG (dropout, drop-connect) from (seed, epoch, rank), so a

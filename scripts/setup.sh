@@ -15,15 +15,28 @@ cd "$(dirname "$0")/.."
 
 HOROVOD_VERSION=0.28.1
 UV_VERSION=0.13.9
-TORCH=${TORCH:-pinned}
 VENV=.venv
 CACHE=${CIFAR_HVD_CACHE:-$HOME/.cache/cifar-horovod}
 
 log() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
+# Without TORCH, a .venv made for another Python's torch keeps it: `make test` after
+# `make setup TORCH=system PYTHON=...` does not rebuild it on the pinned torch.
+if [ -z "${TORCH:-}" ] && read -r kept kept_python < "$VENV/torch-mode.txt" 2>/dev/null \
+        && [ "$kept" = system ] && [ -x "$kept_python" ]; then
+    TORCH=system PYTHON=${PYTHON:-$kept_python}
+fi
+TORCH=${TORCH:-pinned}
+# The Pythons the pinned torch has wheels for and Horovod 0.28.1 builds on (tested: 3.11).
+SUPPORTED="3.11 3.12 3.13"
+first_supported() {
+    local v
+    for v in $SUPPORTED; do command -v "python$v" >/dev/null 2>&1 && { echo "python$v"; return; }; done
+    echo python3
+}
 case "$TORCH" in
-    pinned) PYTHON=${PYTHON:-python3.11} ;;
+    pinned) PYTHON=${PYTHON:-$(first_supported)} ;;
     system) PYTHON=${PYTHON:-python3} ;;
     *) die "TORCH must be 'pinned' (the default) or 'system', not '$TORCH'" ;;
 esac
@@ -56,7 +69,18 @@ if [ ${#missing[@]} -gt 0 ] && ! apt_install "${missing[@]}"; then
 fi
 
 # --- Python environment -------------------------------------------------------
-command -v "$PYTHON" >/dev/null || die "$PYTHON not found; install Python 3.11 or set PYTHON=/path/to/python"
+command -v "$PYTHON" >/dev/null || die "$PYTHON not found; install Python 3.11, 3.12 or 3.13, or set PYTHON=/path/to/python"
+PYVER=$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+if [ "$TORCH" = pinned ] && [[ " $SUPPORTED " != *" $PYVER "* ]]; then
+    die "$PYTHON is Python $PYVER; the pinned torch and Horovod need 3.11, 3.12 or 3.13: install one, set PYTHON=, or use TORCH=system"
+fi
+# Debian's Python makes a venv only with its python3.X-venv package.
+make_venv() {
+    "$PYTHON" -m venv "$@" "$VENV" 2>/dev/null && return
+    rm -rf "$VENV"
+    apt_install "python$PYVER-venv" || die "$PYTHON -m venv failed and python$PYVER-venv could not be installed"
+    "$PYTHON" -m venv "$@" "$VENV" || die "$PYTHON -m venv failed"
+}
 PY="$VENV/bin/python"
 mode_stamp="$VENV/torch-mode.txt"
 want_mode=pinned
@@ -75,7 +99,7 @@ if [ "$TORCH" = system ]; then
         || die "TORCH=system: $PYTHON cannot import torch and torchvision; install them there, or drop TORCH=system"
     if [ ! -x "$PY" ]; then
         log "creating $VENV on $PYTHON's torch"
-        "$PYTHON" -m venv --without-pip "$VENV" || die "$PYTHON -m venv failed (Debian: apt-get install python3-venv)"
+        make_venv --without-pip
     fi
     site=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     # Each folder is added as a site folder, so that the .pth files in it run as they do for
@@ -105,8 +129,8 @@ PY
     fi
 else
     if [ ! -x "$PY" ]; then
-        log "creating $VENV"
-        "$PYTHON" -m venv "$VENV"
+        log "creating $VENV on Python $PYVER"
+        make_venv
     fi
     # Pinned torch/torchvision come from the registry: the CPU-only torch wheel some
     # machines keep locally makes `import torchvision` fail (torchvision::nms).

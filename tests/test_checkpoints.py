@@ -1,5 +1,6 @@
 """checkpoints.py in process: the saves, the pytorch-cifar mapping, what restore() loads, and its checks."""
 import os
+import re
 
 import pytest
 import torch
@@ -28,7 +29,7 @@ def saved(tmp_path):
     """A checkpoint after one step of LeNet, so the optimizer holds momentum buffers."""
     args = _args("--checkpoint-dir", str(tmp_path), "--epochs", "4")
     model = utils.build_model(args, torch.device("cpu"))
-    optimizer = utils.make_optimizer(model)
+    optimizer = utils.make_optimizer(model, args)
     model(torch.randn(2, 3, 32, 32)).sum().backward()
     optimizer.step()
     schedule = utils.LRSchedule(0.05, 0, 4)
@@ -40,7 +41,7 @@ def saved(tmp_path):
 
 def _fresh(args):
     model = utils.build_model(args, torch.device("cpu"))
-    return model, utils.make_optimizer(model)
+    return model, utils.make_optimizer(model, args)
 
 
 def test_checkpoint_names_the_schedule_and_its_format(saved):
@@ -141,3 +142,18 @@ def test_auto_resume_continues_the_saved_schedule_whatever_lr_says(saved):
     assert start["epoch"] == 2 and start["schedule"] == {"base_lr": 0.05, "start_epoch": 0}
     fresh = _args("--checkpoint-dir", str(folder / "empty"), "--epochs", "4", "--auto-resume", "--lr", "0.3")
     assert checkpoints.restore(fresh, *_fresh(fresh))["schedule"] == {"base_lr": 0.3, "start_epoch": 0}
+
+
+def test_an_unreadable_checkpoint_names_its_real_cause(saved, tmp_path):
+    """A file cut short is truncated; a whole file torch.load cannot read (here a zip archive that
+    is not a checkpoint) is named as that, with the PyTorch that could not read it."""
+    folder, _ = saved
+    blob = (folder / "ckpt.pth").read_bytes()
+    (tmp_path / "cut.pth").write_bytes(blob[:len(blob) // 3])
+    with pytest.raises(TrainerError, match="is truncated or corrupt"):
+        checkpoints.load_checkpoint(str(tmp_path / "cut.pth"))
+    import zipfile
+    with zipfile.ZipFile(tmp_path / "other.pth", "w") as z:
+        z.writestr("notes.txt", "not a checkpoint")
+    with pytest.raises(TrainerError, match=rf"PyTorch {re.escape(torch.__version__)} cannot read checkpoint"):
+        checkpoints.load_checkpoint(str(tmp_path / "other.pth"))

@@ -1,32 +1,9 @@
-"""cli.py in process: the recipe behind the defaults, and the flag checks."""
+"""cli.py in process: the flags and their checks (the recipe behind the defaults: test_recipe.py)."""
 import pytest
 
 from helpers import parse
 from training import cli
 from training.errors import UsageError
-from training.recipe import RECIPE, RECIPES
-
-
-def test_defaults_are_pytorch_cifars_recipe():
-    # kuangliu/pytorch-cifar's main.py: SGD LR 0.1, momentum 0.9, weight decay 5e-4, batch 128,
-    # 200 epochs of cosine annealing, crop padding 4; the ports add a 5-epoch warm-up.
-    assert RECIPE == dict(lr=0.1, lr_schedule="cosine", momentum=0.9, nesterov=False, weight_decay=5e-4,
-                          batch_size=128, epochs=200, crop_padding=4, cutout=0, warmup_epochs=5,
-                          label_smoothing=0.0)
-    args = parse(port="horovod")
-    assert (args.epochs, args.batch_size, args.warmup_epochs, args.label_smoothing) == (200, 128, 5, 0)
-    assert args.lr is None  # fresh runs take the recipe's 0.1; a resume keeps the saved schedule
-    assert "default: 0.1 on a fresh run" in " ".join(cli.build_parser("").format_help().split())
-    assert args.recipe == "pytorch-cifar"
-
-
-def test_recipe_fast_sets_the_defaults_and_flags_still_win():
-    assert RECIPES["fast"] == dict(RECIPE, lr=0.4, lr_schedule="onecycle", nesterov=True, batch_size=512,
-                                   epochs=40, label_smoothing=0.2, cutout=8)
-    args = parse("--recipe", "fast")
-    assert (args.epochs, args.batch_size, args.label_smoothing) == (40, 512, 0.2)
-    args = parse("--recipe", "fast", "--epochs", "7", "--batch-size", "64", "--label-smoothing", "0")
-    assert (args.epochs, args.batch_size, args.label_smoothing) == (7, 64, 0)
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -145,3 +122,9 @@ def test_sweep_lists_and_their_checks():
     for port in ("horovod", "elastic", "ddp", None):  # --sweep is main_sweep.py's alone
         with pytest.raises(UsageError, match="unrecognized arguments: --sweep .*--sweep is main_sweep.py's: "):
             parse("--sweep", "lr=0.1,0.2", port=port)
+
+
+def test_weight_decay_is_a_flag_whose_default_is_the_recipes():
+    assert parse("--weight-decay", "1e-3").weight_decay == 1e-3 and parse("--weight-decay", "0").weight_decay == 0
+    with pytest.raises(UsageError, match="--weight-decay must be 0 or more"):
+        parse("--weight-decay", "-1")

@@ -1,11 +1,11 @@
-"""The container image: README's container commands, in a tiny form, with podman.
+"""The container image: the container commands of README and docs/INSTALL.md, in a tiny form, with podman.
 
 No image registry is reachable, so the base is made here: Debian's minbase with Python
 (mmdebstrap, imported into podman) and the pinned PyTorch from uv's cache. That PyTorch is
 mounted read-only at the base's site folder, in the build and in every container, instead of
 being copied into the base, which would add 5.9 GB and about two and a half minutes; to the
 Dockerfile it is the base's PyTorch all the same. `make image` builds on that base with the
-Horovod wheel `make setup` cached. Then, as README says: `horovodrun -np 2` in one container as
+Horovod wheel `make setup` cached. Then, as those commands say: `horovodrun -np 2` in one container as
 an arbitrary UID, a resume in a second container, and `mpirun` from a container on one host of
 scripts/local_cluster.sh to a container running sshd on the other, which must train bitwise
 what one container trained.

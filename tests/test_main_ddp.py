@@ -77,6 +77,12 @@ def test_ranks_end_bitwise_identical_and_rank0_alone_writes(ddp2):
     assert float(rows[1]["lr"]) == pytest.approx(0.1 * 0.5 * (1 + math.cos(math.pi / 3)))
     assert len(os.listdir(probe / "ck" / "tb")) == 1, "one TensorBoard writer: rank 0's"
     assert len(re.findall(r"^epoch \d/3 ", r.stdout, re.M)) == 2, r.stdout
+    # Which rank wrote what, as each process recorded its own writes (probes/writes.py):
+    # rank 0 every file of the run (renamed into place whole), rank 1 nothing in the folder.
+    written = [{os.path.relpath(p, probe / "ck") for p in x["written"] if p.startswith(str(probe / "ck"))}
+               for x in ranks]
+    assert {"ckpt.pth", "best.pth", "metrics.csv"} <= written[0] and any(p.startswith("tb/") for p in written[0])
+    assert written[1] == set(), written[1]
 
 
 def test_ddp_np2_equals_horovod_np2(ddp2, hvd2):

@@ -1,12 +1,13 @@
 """runlog.py in process: who writes, what metrics.csv holds, what the profiler reports."""
-import argparse
 import os
 
+from helpers import parse
 from training import runlog
+import utils
 
 
 def _args(folder):
-    return argparse.Namespace(checkpoint_dir=str(folder), epochs=3)
+    return parse("--checkpoint-dir", folder, "--epochs", 3)
 
 
 ROW = ({"loss": 1.5, "acc": 0.4, "images": 100, "lr": 0.1}, {"loss": 1.2, "acc": 0.5, "images": 20})
@@ -73,6 +74,6 @@ def test_target_accuracy_line_and_stop():
     assert runlog.target_line(history, 0.5) == "target test accuracy 0.5 reached at epoch 2 after 4.0 s of training"
     assert runlog.target_line(history, 0.6) == \
         "target test accuracy 0.6 not reached by epoch 3 (best 0.5200 at epoch 2; 6.0 s of training)"
-    args = argparse.Namespace(checkpoint_dir="unused", epochs=3, target_acc=0.5)
-    assert runlog.RunLog(args, False, 1, history[:2]).target_reached()
-    assert not runlog.RunLog(args, False, 1, history[:1]).target_reached()
+    args = parse("--target-acc", 0.5)
+    assert utils.target_reached(args, history[:2]) and not utils.target_reached(args, history[:1])
+    assert not utils.target_reached(parse(), history)

@@ -51,6 +51,20 @@ def test_system_torch_is_used_not_copied(system_clone):
     assert (clone / ".venv" / "torch-mode.txt").read_text().startswith("system ")
 
 
+def test_a_later_setup_without_torch_keeps_the_system_torch(system_clone):
+    """`make test` runs the set-up again with no TORCH: the .venv made for another Python's
+    torch stays as it is (still offline: nothing may be fetched), with no rebuild."""
+    clone, _ = system_clone
+    offline = {"PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_NO_INPUT": "1",
+               "HOROVOD_SDIST": "/nonexistent/horovod.tar.gz"}
+    later = {k: v for k, v in env(offline).items() if k not in ("TORCH", "PYTHON", "WHEELS")}
+    r = subprocess.run(["bash", "scripts/setup.sh"], cwd=clone, env=later, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
+    assert "making it anew" not in r.stdout and "already installed" in r.stdout, r.stdout
+    assert (clone / ".venv" / "torch-mode.txt").read_text().startswith("system ")
+
+
 def test_gpu_check_jobs_run_on_the_cpu(tmp_path):
     # No GPU runs in CI, so gpu-check's job list runs here on the CPU: every line must
     # report images/s, and --resume must continue the run. The variants whose flags have tests

@@ -51,7 +51,7 @@ def test_training_step_loop_has_no_host_sync(monkeypatch):
     images = torch.randint(0, 256, (80, 3, 32, 32), dtype=torch.uint8)
     loader = loaders.DeviceLoader(images, torch.arange(80) % 10, 8, train=True)
     model = utils.build_model(args, torch.device("cpu"))
-    optimizer = utils.make_optimizer(model)
+    optimizer = utils.make_optimizer(model, args)
     scaler = utils.make_scaler(args, torch.device("cpu"))
     schedule = utils.LRSchedule(0.1, 0, 10)
     calls = _count_host_syncs(monkeypatch)
@@ -84,7 +84,7 @@ def test_profile_steps_beyond_the_epoch_still_reports(capsys):
     images = torch.randint(0, 256, (80, 3, 32, 32), dtype=torch.uint8)
     loader = loaders.DeviceLoader(images, torch.arange(80) % 10, 8, train=True)
     model = utils.build_model(args, torch.device("cpu"))
-    optimizer = utils.make_optimizer(model)
+    optimizer = utils.make_optimizer(model, args)
     utils.train_epoch(model, loader, optimizer, utils.make_scaler(args, torch.device("cpu")),
                       utils.LRSchedule(0.1, 0, 10), 0, args, profile=True)
     out = capsys.readouterr().out
@@ -99,10 +99,10 @@ def test_schedule_state_round_trips():
 
 
 def test_onecycle_rises_per_step_to_the_peak_then_falls_to_zero():
-    s = utils.LRSchedule(0.4, 0, 10, shape="onecycle")  # the peak a fifth of the way: epoch 2
+    s = utils.LRSchedule(0.4, 0, 10, shape="onecycle", peak=0.2)  # the peak a fifth of the way: epoch 2
     assert s(0) == 0 and s(1) == pytest.approx(0.2) and s(1.5) == pytest.approx(0.3)  # per step
     assert s(2) == pytest.approx(0.4) and s(6) == pytest.approx(0.2) and s(10) == 0
-    resumed = utils.LRSchedule(0.1, 5, 10, shape="onecycle")  # --resume --lr 0.1 after epoch 5
+    resumed = utils.LRSchedule(0.1, 5, 10, shape="onecycle", peak=0.2)  # --resume --lr 0.1 after epoch 5
     assert resumed(5) == 0 and resumed(6) == pytest.approx(0.1) and resumed(8) == pytest.approx(0.05)
 
 

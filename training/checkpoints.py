@@ -8,8 +8,10 @@ the end of every epoch and best.pth at a new best test accuracy, each atomically
 no pickled code. pytorch-cifar's checkpoints are read too.
 
 Nothing here talks to other processes: the Horovod ports call `restore` on rank 0 and
-broadcast what it returns, the DDP port calls it on every rank, and `restore` says
-in one line (where `reports`) what a --resume continues. A training run then holds its
+broadcast what it returns, the DDP port calls it on every rank. `restore` is two steps:
+`read_start` reads and checks (every refusal a line of its own, and where `reports`, one line
+saying what a --resume continues), `apply_start` loads what was read into the model and the
+optimizer. A training run then holds its
 folder (`hold_folder`, by the process that reports) before it writes anything there.
 """
 import os
@@ -27,6 +29,9 @@ FORMAT = 2
 # in --checkpoint-dir: the last epoch's, the best test accuracy's
 LAST, BEST = "ckpt.pth", "best.pth"
 HOLDER = ".run.lock"  # in --checkpoint-dir: locked by the run that writes there
+# What torch.load says of a file cut short or damaged (its zip reader's words, pickle's).
+TRUNCATED = ("zip archive", "central directory", "Ran out of input", "invalid load key",
+             "unexpected EOF", "truncated")
 
 
 def checkpoint_path(args):
@@ -82,14 +87,22 @@ def load_checkpoint(path):
                            "(or --checkpoint-dir) at one")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
+    except OSError as e:  # the file could not be read at all: permissions, a folder, I/O
+        raise TrainerError(f"cannot read checkpoint {path} ({e.strerror or e}); fix its "
+                           "permissions, or point --checkpoint at a readable file") from e
     except Exception as e:
-        msg = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0]
-        if "unsupported global" in str(e).lower():  # a callable or class, not plain data
+        text = str(e).strip()
+        msg = (text.splitlines() or [type(e).__name__])[0].split(". ")[0]
+        if "unsupported global" in text.lower():  # a callable or class, not plain data
             raise TrainerError(f"refusing to load {path}: it contains pickled code or objects, "
                                "not just tensors and plain values; "
                                "re-save it as a plain state_dict") from e
-        raise TrainerError(f"checkpoint {path} is truncated or corrupt ({msg}); "
-                           "use best.pth or an older copy, or start fresh with --overwrite") from e
+        if isinstance(e, EOFError) or any(s in text for s in TRUNCATED):
+            raise TrainerError(f"checkpoint {path} is truncated or corrupt ({msg}); use best.pth "
+                               "or an older copy, or start fresh with --overwrite") from e
+        raise TrainerError(f"PyTorch {torch.__version__} cannot read checkpoint {path} ({msg}); "
+                           "a checkpoint from another PyTorch may need that version, else use "
+                           "best.pth or an older copy") from e
 
 
 def as_trainer_checkpoint(ckpt, path):
@@ -135,18 +148,24 @@ def fresh_start(args):
 
 
 def restore(args, model, optimizer, reports=True):
-    """Where this run starts, as a dict: a fresh run at epoch 0, else the checkpoint read
-    (read_checkpoint), its weights loaded into model, and for a training run its optimizer
-    state and the schedule to continue (schedule_after). The process that reports says in one
-    line what a resume continues. `optimizer_state` says whether the optimizer now holds
-    state, which the Horovod port needs to know before broadcasting it. It writes nothing:
-    a training run then holds its folder (hold_folder)."""
+    """Where this run starts, read (`read_start`) and then applied to model and optimizer
+    (`apply_start`); see both. The ports call it where they read the checkpoint: every rank
+    under DDP, rank 0 under Horovod, which broadcasts what it returns."""
+    return apply_start(read_start(args, reports), model, optimizer, args.arch)
+
+
+def read_start(args, reports=True):
+    """Where this run starts, read and checked, nothing applied: a fresh run at epoch 0, else
+    the checkpoint's next epoch, best accuracy, history, GradScaler state, the schedule to follow
+    (the saved one, or a new one from --lr), its weights and, for a training run, its optimizer
+    state. Every refusal is one line (TrainerError or UsageError) before anything is loaded: no
+    or a damaged checkpoint, another --arch, non-finite weights, nothing left to train. The
+    process that reports says in one line what a resume continues."""
     if not (resuming(args) or args.evaluate):
-        return fresh_start(args)
+        return dict(fresh_start(args), weights=None, optimizer=None, path=None)
     path = checkpoint_path(args)
     ckpt = read_checkpoint(args, path)
-    load_model_state(model, ckpt["model"], path, args.arch)
-    start = saved_start(args, ckpt)
+    start = dict(saved_start(args, ckpt), weights=ckpt["model"], optimizer=None, path=path)
     if args.evaluate:
         return start  # the optimizer is not needed, so its state is neither loaded nor sent
     if already_ended(args, path, ckpt["epoch"]):
@@ -154,11 +173,24 @@ def restore(args, model, optimizer, reports=True):
             print(f"{path} has finished epoch {ckpt['epoch']}: nothing left to train before "
                   f"epoch {args.stop_at or args.epochs}", flush=True)
         return start
-    start["optimizer_state"] = load_optimizer_state(optimizer, ckpt)
+    start["optimizer"] = ckpt.get("optimizer") or None
     start["schedule"], restarted = schedule_after(args, ckpt["epoch"], start["schedule"])
     if reports:  # one process says what it resumed
         print(resume_line(path, start, args, restarted, ckpt.get("imported", False)), flush=True)
     return start
+
+
+def apply_start(start, model, optimizer, arch):
+    """Load a read start into model (checked against its keys and shapes: one line naming the
+    --arch it needs) and optimizer. Returns the start without its tensors, with
+    `optimizer_state` saying whether the optimizer now holds state, which the Horovod port
+    needs to know before broadcasting it. It writes nothing: a training run then holds its
+    folder (hold_folder)."""
+    if start["weights"] is not None:
+        load_model_state(model, start["weights"], start["path"], arch)
+    applied = {k: v for k, v in start.items() if k not in ("weights", "optimizer", "path")}
+    applied["optimizer_state"] = load_optimizer_state(optimizer, start["optimizer"])
+    return applied
 
 
 def saved_start(args, ckpt):
@@ -207,13 +239,13 @@ def already_ended(args, path, done):
     return ended
 
 
-def load_optimizer_state(optimizer, ckpt):
-    """The checkpoint's hyperparameters and momentum, but this optimizer's implementation
-    (fused or foreach). Whether there was any state to load."""
-    if not ckpt.get("optimizer"):
+def load_optimizer_state(optimizer, state):
+    """The saved hyperparameters and momentum, but this optimizer's implementation (fused or
+    foreach). Whether there was any state to load."""
+    if not state:
         return False
     impl = [{k: g.get(k) for k in ("fused", "foreach")} for g in optimizer.param_groups]
-    optimizer.load_state_dict(ckpt["optimizer"])
+    optimizer.load_state_dict(state)
     for g, kept in zip(optimizer.param_groups, impl):
         g.update(kept)
     return True

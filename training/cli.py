@@ -8,8 +8,8 @@ prints it). The ports add their own groups: `add_horovod_args`, `add_elastic_arg
 Every trainer's flags hold every port's fields (NOT_USED fills those its parser lacks), so
 the engine reads them without asking which trainer it serves.
 
-Only the entry points import this module; nothing here imports Horovod or
-torch.distributed, and nothing here trains.
+The entry points import it, and training/sweep.py to parse a run's flags; nothing here
+imports Horovod or torch.distributed, and nothing here trains.
 """
 import argparse
 import math
@@ -72,10 +72,12 @@ def build_parser(doc):
     a("--label-smoothing", type=float, default=None, metavar="EPS",
       help="label smoothing of the training loss (default: 0; "
            f"{FAST['label_smoothing']} with --recipe fast)")
+    a("--weight-decay", type=float, default=None, metavar="WD",
+      help=f"SGD's weight decay (default: {RECIPE['weight_decay']:g}, the recipe's)")
     a("--lr-schedule", choices=("cosine", "onecycle"), default=None,
       help="cosine: from --lr to 0, stepped per epoch; onecycle: per step, linearly from 0 to --lr "
-           "over the first fifth of the epochs, then linearly to 0 (default: cosine; onecycle "
-           "with --recipe fast)")
+           f"over the first {RECIPE['onecycle_peak']:g} of the epochs (the recipe's "
+           "onecycle_peak), then linearly to 0 (default: cosine; onecycle with --recipe fast)")
     a("--nesterov", action=argparse.BooleanOptionalAction, default=None,
       help="Nesterov momentum (default: off; on with --recipe fast)")
     a("--cutout", type=int, default=None, metavar="PIXELS",
@@ -222,6 +224,8 @@ def parse_args(parser, argv=None):
     for key, value in recipe.of(args).items():
         if key in recipe.FROM_RECIPE and flags[key] is None:
             flags[key] = value
+    if not (args.weight_decay >= 0 and math.isfinite(args.weight_decay)):
+        raise UsageError(f"--weight-decay must be 0 or more (got {args.weight_decay})")
     if not 0 <= args.label_smoothing < 1:
         raise UsageError("--label-smoothing must be at least 0 and below 1 "
                          f"(got {args.label_smoothing})")

@@ -2,7 +2,7 @@
 and preparing a data folder once however many processes ask. The loaders that turn
 the arrays into batches are in loaders.py.
 
-Both trainers read data through this module. It is kept apart from utils.py
+Every entry point reads data through this module. It is kept apart from utils.py
 because it is the one piece a user swaps (another dataset, another loader),
 and because the benchmarks import it on its own.
 

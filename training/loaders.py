@@ -67,7 +67,7 @@ class DeviceLoader:
 
     def __init__(self, images, labels, batch_size, *, train, rank=0, size=1, seed=0,
                  device="cpu", dtype=torch.float32, channels_last=False, pad=4, cutout=0):
-        self.pad = pad  # the trainers pass RECIPE["crop_padding"]
+        self.pad = pad  # the trainers pass their recipe's crop_padding
         self.cutout = cutout if train else 0
         self.labels = labels.to(device)
         self.batch_size, self.train = batch_size, train

@@ -7,12 +7,13 @@ fewer, larger batches, and takes what published short CIFAR-10 schedules show to
 one-cycle LR (a linear ramp to the peak, then linearly to 0, per step), label smoothing
 and cutout (`--recipe fast`; its measured accuracy, and what each change gave, are in
 benchmarks/results/RESULTS.md). The flags take their defaults from the chosen recipe (cli.py)
-and the engine reads the rest (utils.py); nothing else writes a hyperparameter.
+and the engine reads the rest through `of` (utils.py); nothing else writes a hyperparameter.
 """
 
 RECIPE = dict(
     lr=0.1,               # base LR per process; SGD, stepped as lr_schedule says
     lr_schedule="cosine",  # cosine to 0 over `epochs`, stepped per epoch; or onecycle (utils.py)
+    onecycle_peak=0.2,    # onecycle: the fraction of the epochs over which the LR ramps up to lr
     momentum=0.9,
     nesterov=False,
     weight_decay=5e-4,
@@ -32,10 +33,12 @@ RECIPES = {
                  label_smoothing=0.2, cutout=8),
 }
 
-# The flags whose defaults come from the chosen recipe (cli.py).
-FROM_RECIPE = ("epochs", "batch_size", "label_smoothing", "lr_schedule", "nesterov", "cutout")
+# The flags whose defaults come from the chosen recipe (cli.py); the engine reads the rest of
+# the recipe (momentum, crop padding, the one-cycle peak) through `of`.
+FROM_RECIPE = ("epochs", "batch_size", "label_smoothing", "lr_schedule", "nesterov", "cutout",
+               "weight_decay")
 
 
 def of(args):
-    """The recipe a run's flags chose (pytorch-cifar's where none is named)."""
-    return RECIPES[getattr(args, "recipe", None) or "pytorch-cifar"]
+    """The recipe a run's flags chose (--recipe; its default is pytorch-cifar's)."""
+    return RECIPES[args.recipe]

@@ -14,7 +14,6 @@ import time
 
 import torch
 
-from training.errors import TrainerError
 from training.safeio import atomic_write
 
 METRICS_COLUMNS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc",
@@ -103,13 +102,7 @@ class RunLog:
         self.history = with_train_time(history)
         self.dir = args.checkpoint_dir
         self._tb = None
-        if reports:
-            try:
-                os.makedirs(self.dir, exist_ok=True)
-            except OSError as e:
-                raise TrainerError(f"cannot create --checkpoint-dir {self.dir} "
-                                   f"({e.strerror or e}); "
-                                   "choose another folder") from e
+        if reports:  # into the folder the run holds (checkpoints.hold_folder made it)
             from torch.utils.tensorboard import SummaryWriter  # lazy: heavy import
             self._tb = SummaryWriter(os.path.join(self.dir, "tb"), purge_step=first_epoch + 1)
 
@@ -151,10 +144,6 @@ class RunLog:
             f.write(text.getvalue().encode())
         atomic_write(os.path.join(self.dir, "metrics.csv"), write)
 
-    def target_reached(self):
-        """Whether an epoch so far (resumed ones too) reached --target-acc: the run ends there."""
-        return first_reaching(self.history, getattr(self.args, "target_acc", None)) is not None
-
     def close(self, final=True):
         """End the run's reporting: draw curves.png and say whether --target-acc was reached.
         final=False ends only this object's writer (an elastic world that is replaced)."""
@@ -164,7 +153,7 @@ class RunLog:
         self._tb = None
         if final and self.history:
             plot_curves(self.history, os.path.join(self.dir, "curves.png"))
-        target = getattr(self.args, "target_acc", None)
+        target = self.args.target_acc
         if final and target is not None:
             print(target_line(self.history, target), flush=True)
 

@@ -41,7 +41,7 @@ CL = torch.channels_last
 def side(weights_cl):
     args = cli.parse_args(cli.build_parser(""), ["--arch", arch, "--no-channels-last"])
     model = utils.build_model(args, device)
-    opt = hvd.DistributedOptimizer(utils.make_optimizer(model), named_parameters=model.named_parameters(),
+    opt = hvd.DistributedOptimizer(utils.make_optimizer(model, args), named_parameters=model.named_parameters(),
                                    compression=layout.GradLayout(hvd.Compression.none))
     for g in opt.param_groups:
         g["lr"] = 0.01

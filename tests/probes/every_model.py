@@ -68,7 +68,7 @@ def main():
         args = cli.parse_args(parser, ["--arch", name, "--batch-size", "2"])
         model = utils.build_model(args, torch.device("cpu"))
         before = [p.detach().clone() for p in model.parameters()]
-        call, optimizer = wrap(args, model, utils.make_optimizer(model))
+        call, optimizer = wrap(args, model, utils.make_optimizer(model, args))
         scaler = utils.make_scaler(args, torch.device("cpu"))
         for group in optimizer.param_groups:
             group["lr"] = 0.01

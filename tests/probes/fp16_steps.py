@@ -22,7 +22,7 @@ hvd.init()
 args = cli.parse_args(cli.add_horovod_args(cli.build_parser("")),
                       ["--arch", "lenet", "--amp", "--amp-dtype", "float16"])
 model = utils.build_model(args, torch.device("cpu"))
-optimizer = main_horovod.distributed_optimizer(args, model, utils.make_optimizer(model))
+optimizer = main_horovod.distributed_optimizer(args, model, utils.make_optimizer(model, args))
 scaler = utils.make_scaler(args, torch.device("cpu"))
 for group in optimizer.param_groups:
     group["lr"] = 0.1  # make_optimizer leaves it to the schedule

@@ -24,7 +24,7 @@ import utils  # noqa: E402
 hvd.init()
 args = cli.parse_args(cli.build_parser(""), ["--arch", "resnet18", "--channels-last"])
 model = utils.build_model(args, torch.device("cpu"))
-optimizer = hvd.DistributedOptimizer(utils.make_optimizer(model), named_parameters=model.named_parameters(),
+optimizer = hvd.DistributedOptimizer(utils.make_optimizer(model, args), named_parameters=model.named_parameters(),
                                      compression=layout.GradLayout(hvd.Compression.none)
                                      if sys.argv[1] == "layout" else hvd.Compression.none)
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)

@@ -5,7 +5,6 @@
 Prints "ready", waits until GO_FILE exists, then prepares synthetic data and downloads
 CIFAR-10 from URL (an archive with MD5) into DATA_DIR; prints whether it did each.
 """
-import argparse
 import json
 import os
 import sys
@@ -15,13 +14,14 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import torchvision  # noqa: E402
 
-from training import data  # noqa: E402
+from training import cli, data  # noqa: E402
 
 url, md5, data_dir, go = sys.argv[1:]
 torchvision.datasets.CIFAR10.url, torchvision.datasets.CIFAR10.tgz_md5 = url, md5
 print("ready", flush=True)
 while not os.path.exists(go):
     time.sleep(0.01)
-made = [data.prepare(argparse.Namespace(dataset=kind, data_dir=data_dir, synthetic_size=1000, seed=0,
-                                        download=True)) for kind in ("synthetic", "cifar10")]
+made = [data.prepare(cli.parse_args(cli.build_parser(""), ["--dataset", kind, "--data-dir", data_dir,
+                                                           "--synthetic-size", "1000", "--download"]))
+        for kind in ("synthetic", "cifar10")]
 print(json.dumps(made))

@@ -3,8 +3,8 @@
     horovodrun -np 2 python tests/probes/rank_horovod.py OUT_DIR [main_horovod.py flags]
 
 Each rank writes OUT_DIR/rank<r>.pt with its model state and metric history,
-where it ran (its host's name, Horovod's sizes), and its threads' scheduling
-policies, so tests can compare ranks with each other, which the trainer (rank 0
+where it ran (its host's name, Horovod's sizes), its threads' scheduling
+policies and every path it wrote (writes.py), so tests can compare ranks with each other, which the trainer (rank 0
 saves) cannot show.
 """
 import os
@@ -16,11 +16,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import horovod.torch as hvd  # noqa: E402
 import torch  # noqa: E402
+import writes  # noqa: E402
 
 import main_horovod  # noqa: E402
 
 if __name__ == "__main__":
     out, argv = sys.argv[1], sys.argv[2:]
+    writes.watch()
     model, result = main_horovod.main(argv)
     policies = {}  # thread id -> scheduling policy (os.SCHED_OTHER, os.SCHED_IDLE, ...)
     for tid in map(int, os.listdir("/proc/self/task")):
@@ -31,5 +33,6 @@ if __name__ == "__main__":
     torch.save({"model": model.state_dict(), "result": result, "size": hvd.size(),
                 "local_size": hvd.local_size(), "cross_size": hvd.cross_size(),
                 "host": socket.gethostname(), "main_thread": threading.get_native_id(),
-                "policies": policies, "torch_threads": torch.get_num_threads()},
+                "policies": policies, "torch_threads": torch.get_num_threads(),
+                "written": writes.written},
                os.path.join(out, f"rank{hvd.rank()}.pt"))
