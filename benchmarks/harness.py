@@ -22,6 +22,7 @@ import json
 import operator
 import os
 import platform
+import re
 import shlex
 import statistics
 import subprocess
@@ -307,15 +308,20 @@ def gpu_section(res):
     benchmarks/gpu/check.py --merge)."""
     machine = res["machine"]
     L = [f"{GPU_HEADING}: {res['device']}", "",
-         f"From `results-gpu.json`: `{res.get('first_command', 'python -m benchmarks.gpu.figures')}` in "
-         f"{res['duration_s']:.0f} s (torch {machine['torch']}, {machine['cpu_count']} CPU cores), then "
-         "`benchmarks/gpu/check.py --merge` (benchmarks/gpu/commands.sh runs both). Images/s are the "
+         "From `results-gpu.json`, which `bash benchmarks/gpu/commands.sh first OUT` (benchmarks/gpu/figures.py, "
+         f"{res['duration_s']:.0f} s here; torch {machine['torch']}, {machine['cpu_count']} CPU cores) and then "
+         "`... second OUT` (benchmarks/gpu/check.py) write. Images/s are the "
          "trainer's own (metrics.csv, the last epoch; the first holds torch.compile's compiling). "
          "Absolute, on one machine: machines of the same kind have differed by up to 25%.", "",
          "| figure | value | goal | met |", "|---|---|---|---|"]
     for name, f in res["figures"].items():
-        met = "not run" if f["met"] is None else ("yes" if f["met"] else "**no**")
+        met = "not run" if f["value"] is None else "reported" if f["met"] is None else \
+            ("yes" if f["met"] else "**no**")
         L.append(f"| `{name}` | {fmt(f['value'])} | {f['goal']} | {met} |")
+    retired = {name: f["retired"] for name, f in res["figures"].items() if f.get("retired")}
+    if retired:
+        L += ["", "Reported without a goal (goals retired):", ""]
+        L += [f"- `{name}`: {why}." for name, why in retired.items()]
     anchor = res.get("anchors", {}).get("airbench94")
     acc, tta = res.get("accuracy"), res.get("accuracy_tta")
     if anchor or acc:
@@ -339,6 +345,22 @@ def gpu_section(res):
         curve = ", ".join(f"{r['epoch']}: {float(r['test_acc']):.3f}" for r in acc["metrics"]
                           if int(r["epoch"]) % 5 == 0 or int(r["epoch"]) == 1)
         L += ["", f"Its test accuracy by epoch (every row is in `accuracy.metrics` of results-gpu.json): {curve}."]
+    if res.get("time_to_anchor"):
+        L += ["", "Time to airbench94's mean without test-time augmentation, compiling included (the fast "
+              "recipe at `--target-acc`, bf16; torch.compile's on-disk caches cold, then warm from the run "
+              "before):", "", "| run | time to the target | epoch 1 | epochs run | final test accuracy |",
+              "|---|---|---|---|---|"]
+        for name, t in res["time_to_anchor"].items():
+            if "error" in t:
+                L.append(f"| {name} | FAILED: {t['error']} | | | |")
+                continue
+            reached = f"{t['time_to_target_s']:.1f} s" if t["time_to_target_s"] is not None else "not reached"
+            L.append(f"| {name} | {reached} | {t['first_epoch_s']:.1f} s | {t['epochs_run']} | {t['test_acc']:.4f} |")
+    if res.get("levers"):
+        L += ["", "Horovod's levers on the gradient hooks' cost, np=1, bf16, compiled, batch 128, each against "
+              "the port's defaults (asynchronous completion on, on CUDA):", "",
+              "| lever | images/s | over the defaults |", "|---|---|---|"]
+        L += [f"| {name} | {v['images_per_s']:.0f} | {fmt(v['over_defaults'])} |" for name, v in res["levers"].items()]
     if res.get("ablation"):
         L += ["", f"The fast recipe's changes, one at a time from the recipe before them: "
               f"{res['ablation_epochs']} epochs each, the four runs side by side on the GPU, one run each:", "",
@@ -369,7 +391,7 @@ def gpu_section(res):
                 what = j.get("line") or j.get("error") or ""
             L.append(f"    {j['job']}: {'ok' if j['ok'] else 'FAILED'}{', ' + what if what else ''}")
         L.append("")
-    return L + [""]
+    return scratch_named(L + [""])
 
 
 def write_gpu_section(path, res):
@@ -379,3 +401,12 @@ def write_gpu_section(path, res):
     head = text.split("\n" + GPU_HEADING, 1)[0].rstrip("\n") + "\n\n"
     with open(path, "w") as fh:
         fh.write(head + "\n".join(gpu_section(res)))
+
+
+# The GPU commands' temporary folders, as commands in results-gpu.json name them.
+SCRATCH = re.compile(r"/tmp/(?:bench-gpu|gpu-check)-[A-Za-z0-9_]+")
+
+
+def scratch_named(lines):
+    """Lines with the GPU commands' temporary folders written $SCRATCH: a reader's run has its own."""
+    return [SCRATCH.sub("$SCRATCH", line) for line in lines]

@@ -41,6 +41,7 @@ import torch
 
 from benchmarks import harness
 from benchmarks.figures import (
+    allreduce_overlap_np2,
     ddp_scaling_efficiency_np2,
     horovod_hook_overhead_ms,
     horovod_idle_threads_gain,
@@ -58,8 +59,8 @@ from training import devices
 # The registry: every figure, in the order they run and are reported. A new figure is a module of
 # benchmarks/figures/ named by its NAME, with harness.py's interface, and one entry here.
 FIGURES = [loader_speedup, horovod_np1_overhead, horovod_hook_overhead_ms, scaling_efficiency_np2,
-           ddp_scaling_efficiency_np2, horovod_vs_ddp_np2, horovod_idle_threads_gain, layout_design_cost,
-           sweep_wall_time, scaling_model_heldout_error, real_data_accuracy]
+           ddp_scaling_efficiency_np2, horovod_vs_ddp_np2, horovod_idle_threads_gain, allreduce_overlap_np2,
+           layout_design_cost, sweep_wall_time, scaling_model_heldout_error, real_data_accuracy]
 
 
 def parse_args(argv):

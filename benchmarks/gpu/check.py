@@ -58,26 +58,50 @@ def setup(python):
     return subprocess.run(["bash", os.path.join(ROOT, "scripts", "setup.sh")], cwd=ROOT, env=setup_env).returncode
 
 
+# The jobs that give results-gpu.json's port figures and Horovod's levers (merge), by name.
+MAIN_BF16, MAIN_BF16_512 = "main.py bf16 --compile", "main.py bf16 --compile, batch 512"
+HOOKS_BF16, HOOKS_BF16_512 = "main_horovod.py np=1, hooks on, bf16 --compile", \
+    "main_horovod.py np=1, hooks on, bf16 --compile, batch 512"
+DDP_BF16 = "main_ddp.py np=1 (torchrun), bf16 --compile"
+# Horovod's levers on the hooks' per-step cost, each against HOOKS_BF16 (the ports' defaults:
+# on CUDA, asynchronous completion; training/hvd_port.py).
+LEVERS = {
+    "asynchronous completion off": ([], {"HOROVOD_ENABLE_ASYNC_COMPLETION": "0"}),
+    "0.1 ms cycle": ([], {"HOROVOD_CYCLE_TIME": "0.1"}),
+    "--allreduce-groups 1": (["--allreduce-groups", "1"], {}),
+    "no fusion": ([], {"HOROVOD_FUSION_THRESHOLD": "0"}),
+}
+
+
 def jobs(cfg):
     """(name, launcher, flags, extra environment[, images]) of each job. launcher: main | hvd |
-    ddp | nosearch (main.py through benchmarks.gpu.no_cudnn_benchmark)."""
-    hooks = {"HOROVOD_ELASTIC": "1"}  # np=1 with the gradient hooks on, as at every np >= 2
+    hooks (main_horovod.py at np=1 with its gradient hooks on and Horovod's elastic mode off,
+    benchmarks.diagnostics.hooks_on: the per-rank cost of every np >= 2 job) | ddp | nosearch
+    (main.py through benchmarks.gpu.no_cudnn_benchmark)."""
+    elastic = {"HOROVOD_ELASTIC": "1"}  # the hooks and Horovod's elastic mode, as main_elastic.py
     bf16, fp16 = ["--amp", "--amp-dtype", "bfloat16"], ["--amp", "--amp-dtype", "float16"]
+    big = ["--batch-size", "512", "--lr", "0.4"]
     return [
         ("main.py", "main", [], {}),
         ("main.py --no-channels-last", "main", ["--no-channels-last"], {}),
         ("main.py --amp --amp-dtype bfloat16", "main", bf16, {}),
         ("main.py --amp --amp-dtype float16", "main", fp16, {}),
         ("main.py --compile", "main", ["--compile"], {}),
-        ("main.py bf16 --compile", "main", [*bf16, "--compile"], {}),
+        (MAIN_BF16, "main", [*bf16, "--compile"], {}),
+        (MAIN_BF16_512, "main", [*bf16, "--compile", *big], {}),
         ("main_horovod.py np=1", "hvd", [], {}),
-        ("main_horovod.py np=1, gradient hooks on", "hvd", [], hooks),
-        ("main_horovod.py np=1, hooks on, --no-channels-last", "hvd", ["--no-channels-last"], hooks),
-        ("main_horovod.py np=1, hooks on, bf16", "hvd", bf16, hooks),
-        ("main_horovod.py np=1, hooks on, fp16", "hvd", fp16, hooks),
-        ("main_horovod.py np=1, hooks on, bf16 --compile", "hvd", [*bf16, "--compile"], hooks),
+        ("main_horovod.py np=1, gradient hooks on", "hooks", [], {}),
+        ("main_horovod.py np=1, hooks on, --no-channels-last", "hooks", ["--no-channels-last"], {}),
+        ("main_horovod.py np=1, hooks on, bf16", "hooks", bf16, {}),
+        ("main_horovod.py np=1, hooks on, fp16", "hooks", fp16, {}),
+        (HOOKS_BF16, "hooks", [*bf16, "--compile"], {}),
+        (HOOKS_BF16_512, "hooks", [*bf16, "--compile", *big], {}),
+        *[(f"{HOOKS_BF16}, {lever}", "hooks", [*bf16, "--compile", *flags], env)
+          for lever, (flags, env) in LEVERS.items()],
+        (f"{HOOKS_BF16}, elastic mode", "hvd", [*bf16, "--compile"], elastic),
         ("main_ddp.py np=1 (torchrun)", "ddp", [], {}),
         ("main_ddp.py np=1 (torchrun), bf16", "ddp", bf16, {}),
+        (DDP_BF16, "ddp", [*bf16, "--compile"], {}),
     ] + [  # fp32 eager at two data sizes, alternating, with cuDNN's algorithm search off
         (f"main.py, cudnn search off, {n:,} images ({i})", "nosearch", [], {}, n)
         for i in (1, 2) for n in (10000, 50000)
@@ -111,11 +135,14 @@ def run_job(py, cfg, scratch, n, name, launcher, flags, extra, results, images=N
     base = ["--dataset", "synthetic", "--synthetic-size", str(images), "--data-dir",
             os.path.join(scratch, f"data{images}"), "--arch", cfg["arch"], "--batch-size", str(cfg["batch"]),
             "--epochs", str(cfg["epochs"]), "--lr", "0.05", "--checkpoint-dir", ckpt, "--log-interval", "1000"]
-    script = {"main": "main.py", "hvd": "main_horovod.py", "ddp": "main_ddp.py", "nosearch": "main.py"}[launcher]
+    script = {"main": "main.py", "hvd": "main_horovod.py", "hooks": "main_horovod.py", "ddp": "main_ddp.py",
+              "nosearch": "main.py"}[launcher]
     cmd = [py, script, *base, *flags]
     if launcher == "nosearch":
         cmd = [py, "-m", "benchmarks.gpu.no_cudnn_benchmark", *cmd[1:]]
-    if launcher == "hvd":
+    if launcher == "hooks":
+        cmd = [py, "-m", "benchmarks.diagnostics.hooks_on", *cmd[2:]]
+    if launcher in ("hvd", "hooks"):
         cmd = [os.path.join(os.path.dirname(py), "horovodrun"), "-np", "1", "--gloo", *cmd]
     elif launcher == "ddp":
         cmd = [py, "-m", "torch.distributed.run", "--nproc_per_node", "1", *cmd[1:]]
@@ -139,20 +166,26 @@ def run_job(py, cfg, scratch, n, name, launcher, flags, extra, results, images=N
     return True, ckpt
 
 
-def resume_job(py, cfg, scratch, ckpt, results):
-    """--resume of the hooks-on run one epoch further, as a job of its own."""
-    cmd = [os.path.join(os.path.dirname(py), "horovodrun"), "-np", "1", "--gloo", py, "main_horovod.py",
-           "--dataset", "synthetic", "--synthetic-size", str(cfg["images"]), "--data-dir",
-           os.path.join(scratch, f"data{cfg['images']}"), "--arch", cfg["arch"], "--batch-size", str(cfg["batch"]),
-           "--epochs", str(cfg["epochs"] + 1), "--checkpoint-dir", ckpt, "--resume", "--log-interval", "1000"]
-    r, rows = run_trainer(cmd, ckpt, dict(HOROVOD_ELASTIC="1", **cpu_only(cfg)), cfg["timeout"], python=py)
+def resume_job(py, cfg, scratch, ckpt, results, port="horovod", flags=()):
+    """--resume of a finished run one epoch further, as a job of its own: the Horovod port's
+    (hooks on) or the DDP port's (under torchrun), with the run's own flags."""
+    base = ["--dataset", "synthetic", "--synthetic-size", str(cfg["images"]), "--data-dir",
+            os.path.join(scratch, f"data{cfg['images']}"), "--arch", cfg["arch"], "--batch-size", str(cfg["batch"]),
+            "--epochs", str(cfg["epochs"] + 1), "--checkpoint-dir", ckpt, "--resume", "--log-interval", "1000",
+            *flags]
+    if port == "ddp":
+        cmd, name = [py, "-m", "torch.distributed.run", "--nproc_per_node", "1", "main_ddp.py", *base], \
+            "main_ddp.py np=1, --resume"
+    else:
+        cmd, name = [os.path.join(os.path.dirname(py), "horovodrun"), "-np", "1", "--gloo", py, "-m",
+                     "benchmarks.diagnostics.hooks_on", *base], "main_horovod.py np=1, hooks on, --resume"
+    r, rows = run_trainer(cmd, ckpt, cpu_only(cfg), cfg["timeout"], python=py)
     ok = len(rows) == cfg["epochs"] + 1
     if ok:
-        say(f"main_horovod.py np=1, hooks on, --resume: {float(rows[-1]['images_per_s']):,.0f} img/s "
-            f"(epoch {len(rows)} of {len(rows)})")
+        say(f"{name}: {float(rows[-1]['images_per_s']):,.0f} img/s (epoch {len(rows)} of {len(rows)})")
     else:
-        say(f"main_horovod.py np=1, hooks on, --resume: FAILED ({(r.stderr.strip().splitlines() or ['?'])[-1]})")
-    results.append({"job": "--resume", "ok": ok})
+        say(f"{name}: FAILED ({failure(r.stderr + r.stdout)[:200]})")
+    results.append({"job": name, "ok": ok, "command": shown(cmd)})
     return ok
 
 
@@ -170,7 +203,7 @@ def syncs_job(py, cfg, scratch, results, limit=8):
            str(cfg["images"]), "--data-dir", os.path.join(scratch, f"data{cfg['images']}"), "--arch", cfg["arch"],
            "--batch-size", str(cfg["batch"]), "--epochs", "2", "--checkpoint-dir", ckpt,
            "--log-interval", "100000", "--amp", "--amp-dtype", "float16"]
-    r, _ = run_trainer(cmd, ckpt, {"HOROVOD_ELASTIC": "1"}, cfg["timeout"], python=py)
+    r, _ = run_trainer(cmd, ckpt, {"HOROVOD_ELASTIC": "1"}, cfg["timeout"], python=py)  # hooks on at np=1
     epochs = [json.loads(ln[ln.index("{"):]) for ln in r.stdout.splitlines() if '"syncs"' in ln]
     ok = r.returncode == 0 and len(epochs) == 2 and epochs[-1]["syncs"] <= limit
     last = epochs[-1] if epochs else {}
@@ -214,6 +247,27 @@ def cuda_paths_job(py, cfg, results):
     return ok
 
 
+def device_name(device, py):
+    if device != "cuda":
+        return "cpu"
+    return subprocess.run([py, "-c", "import torch; print(torch.cuda.get_device_name())"],
+                          capture_output=True, text=True).stdout.strip()
+
+
+class Results(list):
+    """The jobs' results, each added to --merge's results-gpu.json as it comes, so that a command
+    stopped at its time limit keeps what it measured."""
+
+    def __init__(self, path, device, cfg):
+        super().__init__()
+        self.path, self.device, self.cfg = path, device, cfg
+
+    def append(self, result):
+        super().append(result)
+        if self.path:
+            merge(self.path, self.device, self.cfg, list(self))
+
+
 def merge(path, device, cfg, results):
     """Add this command's jobs to the first command's results-gpu.json (benchmarks/gpu/figures.py), and
     the Horovod-over-main.py speed figure from the two jobs that give it."""
@@ -221,11 +275,18 @@ def merge(path, device, cfg, results):
     with open(path) as f:
         res = json.load(f)
     rates = {j["job"]: j for j in results if j.get("images_per_s")}
-    for name, job in (("horovod_hooks_bs128_bf16", "main_horovod.py np=1, hooks on, bf16 --compile"),
-                      ("main_bs128_bf16_same_machine", "main.py bf16 --compile")):
+    for name, job in (("horovod_hooks_bs128_bf16", HOOKS_BF16), ("main_bs128_bf16_same_machine", MAIN_BF16),
+                      ("horovod_hooks_bs512_bf16", HOOKS_BF16_512), ("main_bs512_bf16_same_machine", MAIN_BF16_512),
+                      ("ddp_bs128_bf16", DDP_BF16)):
         if job in rates:
             res["runs"][name] = {"images_per_s": rates[job]["images_per_s"], "images": cfg["images"],
                                  "command": rates[job]["command"], "env": rates[job]["env"]}
+    default = rates.get(HOOKS_BF16, {}).get("images_per_s")
+    levers = [*LEVERS, "elastic mode"]
+    res["levers"] = {lever: {"images_per_s": rates[f"{HOOKS_BF16}, {lever}"]["images_per_s"],
+                             "over_defaults": rates[f"{HOOKS_BF16}, {lever}"]["images_per_s"] / default
+                             if default else None}
+                     for lever in levers if f"{HOOKS_BF16}, {lever}" in rates}
     res["second_command"] = {"device": device, "config": cfg, "jobs": results}
     gpu.write(path, res)
 
@@ -262,7 +323,7 @@ def main(argv=None):
                batch=32 if quick else 128, epochs=1 if quick else 2, timeout=300 if quick else 400)
     py = VENV_PY if os.path.exists(VENV_PY) else sys.executable
     scratch = tempfile.mkdtemp(prefix="gpu-check-")
-    results, ok = [], True
+    results, ok = Results(args.merge, device_name(args.device, py), cfg), True
     try:
         ckpts = {}
         for n, (name, launcher, flags, extra, *images) in enumerate(jobs(cfg)):
@@ -278,22 +339,21 @@ def main(argv=None):
             ok &= diverge_job(py, cfg, scratch, results)
         if args.device == "cuda" and wanted(args, CUDA_PATHS_JOB):
             ok &= cuda_paths_job(py, cfg, results)
-        hooks_run = ckpts.get("main_horovod.py np=1, gradient hooks on")
-        hooks_run = hooks_run or ckpts.get("main_horovod.py np=1, hooks on, bf16 --compile")
-        if hooks_run:
-            ok &= os.path.exists(os.path.join(hooks_run, "ckpt.pth")) and resume_job(py, cfg, scratch,
-                                                                                    hooks_run, results)
+        compiled = ["--amp", "--amp-dtype", "bfloat16", "--compile"]
+        resumable = {"horovod": [(HOOKS_BF16, compiled), ("main_horovod.py np=1, gradient hooks on", [])],
+                     "ddp": [(DDP_BF16, compiled), ("main_ddp.py np=1 (torchrun)", [])]}
+        for port, candidates in resumable.items():
+            done = [(ckpts[run], flags) for run, flags in candidates
+                    if ckpts.get(run) and os.path.exists(os.path.join(ckpts[run], "ckpt.pth"))]
+            if done:  # one resume per port, of its first run that finished
+                ckpt, flags = done[0]
+                ok &= resume_job(py, cfg, scratch, ckpt, results, port, flags)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    device = "cpu"
-    if args.device == "cuda":
-        device = subprocess.run([py, "-c", "import torch; print(torch.cuda.get_device_name())"],
-                                capture_output=True, text=True).stdout.strip()
+    device = results.device
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"device": device, "config": cfg, "jobs": results, "ok": bool(ok)}, f, indent=2)
-    if args.merge:
-        merge(args.merge, device, cfg, results)
+            json.dump({"device": device, "config": cfg, "jobs": list(results), "ok": bool(ok)}, f, indent=2)
     say(f"{'all jobs passed' if ok else 'some jobs FAILED'} on {device}")
     return 0 if ok else 1
 
