@@ -67,7 +67,7 @@ def test_a_later_setup_without_torch_keeps_the_system_torch(system_clone):
 
 def test_gpu_check_jobs_run_on_the_cpu(tmp_path):
     # No GPU runs in CI, so gpu-check's job list runs here on the CPU: every line must
-    # report images/s, and --resume must continue the run. The variants whose flags have tests
+    # report images/s, and --resume must continue a run of each port. The variants whose flags have tests
     # of their own (--compile, bf16, fp16, --no-channels-last) are left out to keep the suite short.
     out = tmp_path / "gpu-check.json"
     skips = ["--skip=--compile", "--skip=bf", "--skip=fp16", "--skip=float16", "--skip=--no-channels-last"]
@@ -75,9 +75,11 @@ def test_gpu_check_jobs_run_on_the_cpu(tmp_path):
                        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     lines = r.stdout.strip().splitlines()
-    assert len(lines) == 6 and all(ln.startswith("gpu-check: ") for ln in lines), lines
-    assert sum("img/s" in ln for ln in lines) == 5 and "(epoch 2 of 2)" in lines[-2], lines
+    assert len(lines) == 7 and all(ln.startswith("gpu-check: ") for ln in lines), lines
+    assert sum("img/s" in ln for ln in lines) == 6, lines
     assert any(ln.startswith("gpu-check: main_ddp.py np=1 (torchrun): ") for ln in lines), lines
+    for port in ("main_horovod.py np=1, hooks on", "main_ddp.py np=1"):
+        assert any(ln.startswith(f"gpu-check: {port}, --resume: ") and "(epoch 2 of 2)" in ln for ln in lines), lines
     got = json.loads(out.read_text())
     assert got["ok"] and got["device"] == "cpu" and all(j["ok"] for j in got["jobs"])
 
