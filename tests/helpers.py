@@ -316,9 +316,10 @@ def is_gone(pid):
         return True
 
 
-def readme_blocks(heading):
-    """The non-empty lines of each ```bash block in README.md's section `heading`, in order."""
-    with open(os.path.join(ROOT, "README.md")) as f:
+def readme_blocks(heading, doc="README.md"):
+    """The non-empty lines of each ```bash block in the section `heading` of `doc` (a path from
+    the repository's root), in order."""
+    with open(os.path.join(ROOT, doc)) as f:
         text = f.read()
     section = text[text.index(heading + "\n") + len(heading):]
     section = section[:section.find("\n## ")] if "\n## " in section else section

@@ -237,7 +237,7 @@ def test_mpirun_across_containers_on_two_hosts_equals_one_container(podman, imag
     ssh_dir.mkdir(mode=0o700)
     assert_ran(sh(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(ssh_dir / "id_ed25519")]))
     shutil.copy(ssh_dir / "id_ed25519.pub", ssh_dir / "authorized_keys")
-    worker, launcher = readme_blocks(HEADING)[1]
+    worker, launcher = readme_blocks("## Containers", "docs/INSTALL.md")[1]
     host = CLUSTER["CLUSTER_NAME"] + "-h{}"
     sshd = assert_ran(podman(*as_tested(worker, podman, tag, mount, ws, ssh_dir), netns=host.format(2)))
     cid = sshd.stdout.strip()

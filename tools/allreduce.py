@@ -7,7 +7,7 @@ how well training scales there.
 
 Every process allreduces float32 tensors of sizes from a few KB up to all of the model's
 gradients, as the trainer would (GPUs with NCCL where there are GPUs, else the CPU), and takes
-the median time of each size. A line through them, time = latency + 2 (N - 1) / N x bytes /
+the fastest time of each size. A line through them, time = latency + 2 (N - 1) / N x bytes /
 bandwidth, gives the network's bandwidth and per-message latency as one ring allreduce sees
 them. Rank 0 then times the model's forward and backward passes on its own device and prints,
 in a few lines, the efficiency the scaling model (tools/scaling_model.py) predicts for a
@@ -39,7 +39,8 @@ def sizes(total_bytes, smallest=4096, steps=10):
 
 
 def time_allreduce(hvd, nbytes, device, repeats):
-    """The median seconds of an allreduce of nbytes of float32, every rank's clock alike."""
+    """The fastest of `repeats` allreduces of nbytes of float32, in seconds: the network's time
+    (other work on a shared host only ever adds to it, and a median still carries that)."""
     t = torch.ones(nbytes // 4, device=device)
     times = []
     for i in range(repeats + 1):  # the first one is a warm-up (buffers, connections)
@@ -51,7 +52,7 @@ def time_allreduce(hvd, nbytes, device, repeats):
         if i:
             times.append(time.perf_counter() - t0)
     # The slowest rank's time is the collective's.
-    return max(hvd.allgather_object(statistics.median(times)))
+    return max(hvd.allgather_object(min(times)))
 
 
 def fit_line(n, points):

@@ -16,6 +16,7 @@ folder (`hold_folder`, by the process that reports) before it writes anything th
 """
 import os
 import socket
+import zipfile
 
 import torch
 
@@ -80,6 +81,14 @@ def save_checkpoint(path, state):
     atomic_write(path, lambda f: torch.save(state, f))
 
 
+def not_a_checkpoint(path):
+    """True when the file is neither torch.save's zip archive nor a legacy pickle (which starts
+    with the pickle protocol byte): random bytes, or a file cut before its first record."""
+    with open(path, "rb") as f:
+        head = f.read(1)
+    return not zipfile.is_zipfile(path) and head != b"\x80"
+
+
 def load_checkpoint(path):
     """Load a checkpoint without running pickled code (weights_only=True)."""
     if not os.path.isfile(path):
@@ -97,7 +106,7 @@ def load_checkpoint(path):
             raise TrainerError(f"refusing to load {path}: it contains pickled code or objects, "
                                "not just tensors and plain values; "
                                "re-save it as a plain state_dict") from e
-        if isinstance(e, EOFError) or any(s in text for s in TRUNCATED):
+        if isinstance(e, EOFError) or any(s in text for s in TRUNCATED) or not_a_checkpoint(path):
             raise TrainerError(f"checkpoint {path} is truncated or corrupt ({msg}); use best.pth "
                                "or an older copy, or start fresh with --overwrite") from e
         raise TrainerError(f"PyTorch {torch.__version__} cannot read checkpoint {path} ({msg}); "

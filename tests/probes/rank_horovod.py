@@ -12,7 +12,10 @@ import socket
 import sys
 import threading
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+# The repository (the trainers) and this folder (writes.py): a launcher may start this file
+# through runpy from elsewhere, so its own folder is not on the path by itself.
+sys.path[:0] = [os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                os.path.dirname(os.path.abspath(__file__))]
 
 import horovod.torch as hvd  # noqa: E402
 import torch  # noqa: E402
