@@ -24,10 +24,7 @@ import torch.distributed as dist  # noqa: E402
 import writes  # noqa: E402
 
 import main_ddp  # noqa: E402
-from training import (
-    launch,  # noqa: E402
-    process_group,  # noqa: E402
-)
+from training import launch, process_group  # noqa: E402
 
 
 def group_threads():
