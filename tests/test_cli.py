@@ -145,3 +145,9 @@ def test_sweep_lists_and_their_checks():
     for port in ("horovod", "elastic", "ddp", None):  # --sweep is main_sweep.py's alone
         with pytest.raises(UsageError, match="unrecognized arguments: --sweep .*--sweep is main_sweep.py's: "):
             parse("--sweep", "lr=0.1,0.2", port=port)
+
+
+def test_a_sweeps_runs_get_every_flag_but_main_sweeps_own():
+    argv = ["--arch", "lenet", "--sweep", "lr=0.1,0.2", "--ranks-per-run=1", "--sweep=seed=0,1", "--epochs", "3",
+            "--ranks-per-run", "2"]
+    assert cli.run_flags(argv) == ["--arch", "lenet", "--epochs", "3"]

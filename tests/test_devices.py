@@ -108,3 +108,12 @@ def test_share_cores_leaves_a_gpu_process_alone():
     before = (os.sched_getaffinity(0), torch.get_num_threads())
     devices.share_cores(torch.device("cuda", 0), 1, 2)
     assert (os.sched_getaffinity(0), torch.get_num_threads()) == before
+
+
+def test_a_sweep_process_takes_a_gpu_by_its_slot_on_the_host(monkeypatch):
+    # Slot modulo the GPUs, by the ids CUDA_VISIBLE_DEVICES shows: consecutive slots (one run's
+    # group) get different GPUs while the group is no larger than the host's GPUs.
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert [devices.shared_gpu(s, 4) for s in range(6)] == ["0", "1", "2", "3", "0", "1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    assert [devices.shared_gpu(s, 2) for s in range(3)] == ["4", "6", "4"]

@@ -13,6 +13,7 @@ torch.distributed, and nothing here trains.
 """
 import argparse
 import math
+import sys
 
 import torch
 
@@ -182,6 +183,21 @@ def add_sweep_args(p):
 
 
 SWEEPABLE = ("lr", "seed", "batch-size", "warmup-epochs", "arch", "epochs", "label-smoothing")
+# main_sweep.py's own flags, each with a value: the flags its runs do not get.
+SWEEP_FLAGS = ("--sweep", "--ranks-per-run")
+
+
+def run_flags(argv=None):
+    """main_sweep.py's flags (sys.argv's where argv is None) without its own (SWEEP_FLAGS):
+    the flags every run of the job gets."""
+    argv, kept = list(sys.argv[1:] if argv is None else argv), []
+    while argv:
+        a = argv.pop(0)
+        if a in SWEEP_FLAGS:
+            argv.pop(0)
+        elif not a.startswith(tuple(f"{flag}=" for flag in SWEEP_FLAGS)):
+            kept.append(a)
+    return kept
 
 
 def sweep_axis(text):
