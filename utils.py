@@ -88,8 +88,10 @@ def make_optimizer(model, args=None):
     by LRSchedule before every step; 0 here is a placeholder. Fused: the whole update is one
     kernel per step instead of a few per tensor group."""
     nesterov = RECIPE["nesterov"] if args is None else args.nesterov
+    weight_decay = getattr(args, "weight_decay", None)
+    weight_decay = RECIPE["weight_decay"] if weight_decay is None else weight_decay
     return torch.optim.SGD(model.parameters(), lr=0.0, momentum=RECIPE["momentum"],
-                           nesterov=nesterov, weight_decay=RECIPE["weight_decay"], fused=True)
+                           nesterov=nesterov, weight_decay=weight_decay, fused=True)
 
 
 def make_scaler(args, device, state=None):
