@@ -20,6 +20,8 @@ points (main.py and its ports) use. One concern a module:
   headed       lines headed by their run, for runs printing side by side
   sweep        main_sweep.py --sweep: a grid of runs as one MPI job, queued on groups
   sweep_report what a sweep reports: sweep.csv, the table, sweep.png
+  search       main_sweep.py --search: an Optuna study over the groups, with pruning
+  search_report  what a search reports: search.csv, the best trials, search.png
 
 Importing the package imports nothing else.
 """
