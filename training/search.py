@@ -18,9 +18,10 @@ in the trainer's loop; the decision goes to the group. A pruned trial is not res
 ends with its files as they are, and its group takes the next trial. Every epoch is a
 checkpoint, so a stop signal, a requeue or the same command submitted again resumes the study:
 trials left running continue from their checkpoints under the same number, finished ones are
-never trained again. A trial that fails (a divergence, exit status 3 alone; a corrupt
-checkpoint) is told to the study as failed, its reason a user attribute, and the search goes
-on. World rank 0 sums the study up at the end (search_report.py).
+never trained again. A trial that fails (a divergence, which ends a run alone with exit status
+3; a corrupt checkpoint) is told to the study as failed, its reason a user attribute, and the
+search goes on. One job at a time runs a study. World rank 0 sums the study up at the end
+(search_report.py).
 """
 import json
 import os
