@@ -50,6 +50,8 @@ from benchmarks.figures import (
     real_data_accuracy,
     scaling_efficiency_np2,
     scaling_model_heldout_error,
+    search_best_acc_minus_grid,
+    search_wall_time_vs_grid,
     sweep_wall_time,
 )
 from training import devices
@@ -58,7 +60,8 @@ from training import devices
 # benchmarks/figures/ named by its NAME, with harness.py's interface, and one entry here.
 FIGURES = [loader_speedup, horovod_np1_overhead, scaling_efficiency_np2, ddp_scaling_efficiency_np2,
            horovod_vs_ddp_np2, horovod_idle_threads_gain, layout_design_cost, sweep_wall_time,
-           scaling_model_heldout_error, real_data_accuracy]
+           search_wall_time_vs_grid, search_best_acc_minus_grid, scaling_model_heldout_error,
+           real_data_accuracy]
 
 
 def parse_args(argv):
