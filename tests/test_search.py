@@ -148,6 +148,36 @@ def test_sigterm_mid_study_then_the_same_command_ends_with_its_trials_none_train
         assert len(trained) == EPOCHS - len(before[n]), (n, trained)
 
 
+def test_a_trial_whose_last_epoch_was_reported_but_not_told_ends_complete_without_training(data_dir, tmp_path):
+    # A process killed between the report of a trial's last epoch and telling the study it is
+    # complete leaves it running with every epoch saved: the next job tells it, training nothing.
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    from helpers import parse
+    from training import search
+    ck = tmp_path / "ck"
+    job = [*common_args(data_dir, ck, epochs=2), "--search", "lr=0.02:0.08", "--trials", "1", "--ranks-per-run", "1"]
+    args = parse(*job, port="sweep")
+    ck.mkdir()
+    study = optuna.create_study(study_name="search", direction="maximize",
+                                storage=JournalStorage(JournalFileBackend(str(ck / "study.journal"))))
+    study.set_user_attr("space", search.space_record(args.search))
+    trial = study.ask(search.distributions(args.search))
+    trial.set_user_attr("folder", search.trial_folder(args, 0))
+    values = search.trial_values(args.search, trial.params)
+    assert_ok(run([PY, "main_horovod.py", *search.trial_argv(args, job, 0, values, 2)], env_extra=ONE_THREAD))
+    saved = read_metrics(ck / "trial-0")
+    for row in saved:
+        trial.report(float(row["test_acc"]), int(row["epoch"]))
+    r = assert_ok(run(search_cmd(1, job), timeout=300, env_extra=ONE_THREAD))
+    assert "trial 0 resumes after epoch 2" in r.stdout and "nothing left to train" in r.stdout, r.stdout[-3000:]
+    (told,) = trials(ck)
+    assert told.state.name == "COMPLETE" and told.value == float(saved[-1]["test_acc"])
+    assert read_metrics(ck / "trial-0") == saved
+
+
 def bad(args, code=2):
     """A refused command: one line, the exit status, no traceback."""
     r = run(args, timeout=120)
@@ -208,3 +238,19 @@ def test_optuna_dashboard_serves_the_study(study):
     finally:
         server.terminate()  # the one process this test started, by its handle
         server.wait(timeout=30)
+
+
+def test_a_trials_flags_and_the_command_alone_hold_its_values_bit_for_bit():
+    from helpers import parse
+    from training import search
+    job = ["--arch", "lenet", "--lr", "0.1", "--checkpoint-dir", "ck", "--search", "lr=log:0.01:1",
+           "--search=arch=lenet,vgg11", "--trials", "4", "--epochs", "3"]
+    args = parse(*job, port="sweep")
+    values = search.trial_values(args.search, {"lr": 0.1 + 0.2, "arch": "vgg11"})
+    assert values == [("lr", "0.30000000000000004"), ("arch", "vgg11")]
+    assert search.trial_argv(args, job, 7, values, 2) == [
+        "--arch", "lenet", "--lr", "0.1", "--checkpoint-dir", "ck", "--epochs", "3", "--lr=0.30000000000000004",
+        "--arch=vgg11", "--checkpoint-dir", os.path.join("ck", "trial-7"), "--auto-resume", "--stop-at", "2"]
+    assert search.alone_argv(args, job, values, "alone") == [
+        "--epochs", "3", "--lr=0.30000000000000004", "--arch=vgg11", "--checkpoint-dir", "alone"]
+    assert search.space_text(search.space_record(args.search)) == "--search lr=log:0.01:1 --search arch=lenet,vgg11"

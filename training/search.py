@@ -234,6 +234,19 @@ def pruner(args):
     return optuna.pruners.NopPruner()
 
 
+def distributions(space):
+    """The search space as Optuna's distributions, by flag."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+    out = {}
+    for axis in space:
+        if axis.kind == "choice":
+            out[axis.flag] = CategoricalDistribution(axis.values)
+        else:
+            kind = IntDistribution if isinstance(axis.values[0], int) else FloatDistribution
+            out[axis.flag] = kind(*axis.values, log=axis.kind == "log")
+    return out
+
+
 class Study:
     """The study as a group's rank 0 sees it: which trial the group takes next, and what the
     study is told after each epoch."""
@@ -245,21 +258,6 @@ class Study:
         self.study = optuna.load_study(study_name=STUDY_NAME, storage=journal(args),
                                        sampler=sampler(args, group_index, held),
                                        pruner=pruner(args))
-
-    def distributions(self):
-        from optuna.distributions import (
-            CategoricalDistribution,
-            FloatDistribution,
-            IntDistribution,
-        )
-        out = {}
-        for axis in self.args.search:
-            if axis.kind == "choice":
-                out[axis.flag] = CategoricalDistribution(axis.values)
-            else:
-                kind = IntDistribution if isinstance(axis.values[0], int) else FloatDistribution
-                out[axis.flag] = kind(*axis.values, log=axis.kind == "log")
-        return out
 
     def live(self, number):
         """Trial `number` as an optuna.Trial, to report to and set attributes on: Optuna has
@@ -280,7 +278,7 @@ class Study:
                                     lambda f: f.write(json.dumps(left[1:]).encode()))
                 trial = self.live(left[0])
             elif len(self.study.get_trials(deepcopy=False)) < self.args.trials:
-                trial = self.study.ask(self.distributions())
+                trial = self.study.ask(distributions(self.args.search))
                 trial.set_user_attr("folder", trial_folder(self.args, trial.number))
             else:
                 return None
@@ -324,10 +322,13 @@ class Study:
 
 
 def train_trial(main, args, argv, group, study, number, values, done):
-    """Train trial `number` in this group from the epoch after `done`, one epoch per run of
-    main (groups.run_in_group), until it completes, is pruned or fails."""
+    """Train trial `number` in this group from the epoch after `done` (the epochs it has
+    reported), one epoch per run of main (groups.run_in_group), until it completes, is pruned or
+    fails."""
     head = f"trial {number}"
-    for epoch in range(done + 1, args.epochs + 1):
+    # From its last epoch again where that was reported but the trial not told complete (a
+    # process killed in between): the run then trains nothing and gives the epoch's figures.
+    for epoch in range(min(done + 1, args.epochs), args.epochs + 1):
         history, why = groups.run_in_group(main, trial_argv(args, argv, number, values, epoch),
                                            group, head, head)
         whys = group.gather(why, root=0)
