@@ -1,25 +1,31 @@
-"""Train many runs as one MPI job: one main_horovod.py run per combination of --sweep values,
-each on its own share of the job's processes, in CHECKPOINT_DIR/<run>/.
+"""Train many runs as one MPI job, each a main_horovod.py run on its own share of the job's
+processes: one per combination of --sweep values (a grid), or the trials of an Optuna study
+(--search), each in a folder of CHECKPOINT_DIR.
 
   mpirun -np 8 python main_sweep.py --arch resnet18 --sweep lr=0.05,0.1,0.2,0.4 --sweep seed=0,1
   srun --mpi=pmix python main_sweep.py --sweep seed=0,1,2,3          # under Slurm
   horovodrun -np 4 --mpi python main_sweep.py --sweep lr=0.05,0.1
+  mpirun -np 8 python main_sweep.py --search lr=log:0.01:1 --search weight-decay=log:1e-5:1e-3 \\
+      --trials 40 --epochs 30
 
 The other flags are main_horovod.py's, and every run gets them. CHECKPOINT_DIR/sweep.csv and
-sweep.png sum the runs up; submitting the same command again continues what was left.
+sweep.png sum a grid up, search.csv and search.png a study (CHECKPOINT_DIR/study.journal);
+submitting the same command again continues what was left.
 """
 import sys
 
 import main_horovod
-from training import cli, launch, sweep
+from training import cli, launch, search, sweep
 from training.errors import UsageError
 
 
 def main(argv=None):
     args = cli.parse_args(cli.add_sweep_args(cli.build_parser(__doc__)), argv)
+    if args.search:
+        return search.run(main_horovod.main, args, argv)
     if not args.sweep:
-        raise UsageError("main_sweep.py needs --sweep FLAG=V1,V2,...; "
-                         "main_horovod.py trains one run")
+        raise UsageError("main_sweep.py needs --sweep FLAG=V1,V2,... or --search FLAG=LO:HI "
+                         "--trials N; main_horovod.py trains one run")
     return sweep.run(main_horovod.main, args, argv)
 
 

@@ -52,6 +52,8 @@ from benchmarks.figures import (
     real_data_accuracy,
     scaling_efficiency_np2,
     scaling_model_heldout_error,
+    search_best_acc_minus_grid,
+    search_wall_time_vs_grid,
     sweep_wall_time,
 )
 from training import devices
@@ -60,7 +62,8 @@ from training import devices
 # benchmarks/figures/ named by its NAME, with harness.py's interface, and one entry here.
 FIGURES = [loader_speedup, horovod_np1_overhead, horovod_hook_overhead_ms, scaling_efficiency_np2,
            ddp_scaling_efficiency_np2, horovod_vs_ddp_np2, horovod_idle_threads_gain, allreduce_overlap_np2,
-           layout_design_cost, sweep_wall_time, scaling_model_heldout_error, real_data_accuracy]
+           layout_design_cost, sweep_wall_time, search_wall_time_vs_grid, search_best_acc_minus_grid,
+           scaling_model_heldout_error, real_data_accuracy]
 
 
 def parse_args(argv):

@@ -128,3 +128,37 @@ def test_weight_decay_is_a_flag_whose_default_is_the_recipes():
     assert parse("--weight-decay", "1e-3").weight_decay == 1e-3 and parse("--weight-decay", "0").weight_decay == 0
     with pytest.raises(UsageError, match="--weight-decay must be 0 or more"):
         parse("--weight-decay", "-1")
+    assert parse("--sweep", "weight-decay=0,5e-4", port="sweep").sweep == [("weight-decay", ["0", "5e-4"])]
+
+
+def test_a_sweeps_runs_get_every_flag_but_main_sweeps_own():
+    argv = ["--arch", "lenet", "--sweep", "lr=0.1,0.2", "--ranks-per-run=1", "--sweep=seed=0,1", "--epochs", "3",
+            "--ranks-per-run", "2"]
+    assert cli.run_flags(argv) == ["--arch", "lenet", "--epochs", "3"]
+
+
+def test_search_axes_and_their_checks():
+    args = parse("--search", "lr=log:0.01:1", "--search=batch-size=16:64", "--search", "arch=lenet,vgg11",
+                 "--trials", "5", port="sweep")
+    assert [tuple(a) for a in args.search] == [("lr", "log", (0.01, 1.0)), ("batch-size", "uniform", (16, 64)),
+                                               ("arch", "choice", ("lenet", "vgg11"))]
+    assert (args.trials, args.pruner, args.sampler) == (5, "median", "tpe")
+    for argv, needle in [(["--search", "momentum=0.8:0.9"], "FLAG one of lr, weight-decay"),
+                         (["--search", "lr=1:0.1"], "lr=1:0.1 is not a range; give lr=LO:HI or lr=log:LO:HI"),
+                         (["--search", "lr=0.1:x"], "is not a range"),
+                         (["--search", "lr=0.1:0.2:0.3"], "is not a range"),
+                         (["--search", "batch-size=16:64.5"], "two integers with LO below HI"),
+                         (["--search", "lr=log:0:1"], "a log range starts above 0"),
+                         (["--search", "arch=1:3"], "arch takes a list of values"),
+                         (["--search", "lr=0.1"], "one value is no search; pass --lr 0.1"),
+                         (["--search", "lr=0.1:1", "--search", "lr=log:0.1:1"], "each --search FLAG may come once"),
+                         (["--search", "lr=0.1:1"], "--search needs --trials N"),
+                         (["--search", "lr=0.1:1", "--trials", "0"], r"--trials must be positive \(got 0\)"),
+                         (["--trials", "4"], "--trials counts the trials of a --search"),
+                         (["--search", "lr=0.1:1", "--trials", "4", "--sweep", "seed=0,1"], "do not go together"),
+                         (["--search", "lr=0.1:1", "--trials", "4", "--stop-at", "1"], "drop --stop-at"),
+                         (["--search", "lr=0.1:1", "--trials", "4", "--overwrite"], "resumes its study by itself")]:
+        with pytest.raises(UsageError, match=needle):
+            parse(*argv, port="sweep")
+    with pytest.raises(UsageError, match="--search is main_sweep.py's: "):
+        parse("--search", "lr=0.1:1", port="horovod")

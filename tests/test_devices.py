@@ -6,7 +6,7 @@ import subprocess
 import pytest
 import torch
 
-from helpers import ROOT, probe_cmd
+from helpers import PY, ROOT, assert_ok, probe_cmd, run
 from training import devices
 from training.errors import UsageError
 
@@ -108,3 +108,42 @@ def test_share_cores_leaves_a_gpu_process_alone():
     before = (os.sched_getaffinity(0), torch.get_num_threads())
     devices.share_cores(torch.device("cuda", 0), 1, 2)
     assert (os.sched_getaffinity(0), torch.get_num_threads()) == before
+
+
+def test_a_sweep_process_takes_a_gpu_by_its_slot_on_the_host(monkeypatch):
+    # Slot modulo the GPUs, by the ids CUDA_VISIBLE_DEVICES shows: consecutive slots (one run's
+    # group) get different GPUs while the group is no larger than the host's GPUs.
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert [devices.shared_gpu(s, 4) for s in range(6)] == ["0", "1", "2", "3", "0", "1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    assert [devices.shared_gpu(s, 2) for s in range(3)] == ["4", "6", "4"]
+
+
+SHARE = """
+import os, sys, threading
+from training import devices
+early = threading.Event()
+thread = threading.Thread(target=early.wait, daemon=True)  # one that exists before the placement
+thread.start()
+slot, slots = devices.node_slot()
+devices.take_host_share(slot, slots)
+assert os.sched_getaffinity(thread.native_id) == os.sched_getaffinity(0)  # every thread moved
+with open(f"{sys.argv[1]}/slot{slot}", "w") as f:
+    print(slots, *sorted(os.sched_getaffinity(0)), file=f)
+"""
+
+
+def test_sweep_processes_on_one_host_take_different_shares_of_it(tmp_path):
+    # Two runs of one rank on one host: each run's Horovod would see one process (local rank 0
+    # both), so the sweep first narrows each process to its slot's share of the host (its
+    # cores here, every thread of it; its GPU on a GPU host), by its rank among the host's processes.
+    assert_ok(run(["mpirun", "-np", "2", "--bind-to", "none", "-x", f"PYTHONPATH={ROOT}", PY, "-c", SHARE,
+                   tmp_path]))
+    cores = sorted(os.sched_getaffinity(0))
+    said = [(tmp_path / f"slot{s}").read_text().split() for s in (0, 1)]
+    assert [int(x[0]) for x in said] == [2, 2]
+    shares = [list(map(int, x[1:])) for x in said]
+    if len(cores) >= 2:  # disjoint halves of this machine's cores
+        assert not set(shares[0]) & set(shares[1]) and sorted(shares[0] + shares[1]) == cores, shares
+    else:
+        assert shares == [cores, cores]

@@ -5,9 +5,7 @@ horovodrun -np 2 --mpi (the same controller), a run that diverges ends alone whi
 finishes, and the job's status says a run failed. A sweep stopped part-way (by --stop-at, or by
 SIGTERM to every process as Slurm pre-empts) and submitted again continues each run from its own
 checkpoint, and once more trains nothing.
-The share of a host a sweep run's process takes is chosen by its rank among all of the job's
-processes there, not by hvd.local_rank(), which counts within its group. Bad sweeps stop before
-any work.
+Bad sweeps stop before any work. (The share of a host a sweep's process takes: test_devices.py.)
 """
 import csv
 import os
@@ -18,7 +16,6 @@ import time
 from helpers import (
     ONE_THREAD,
     PY,
-    ROOT,
     UNTIL_ENDED,
     assert_ok,
     assert_states_equal,
@@ -194,32 +191,6 @@ def test_sigterm_to_every_rank_stops_every_run_and_the_resubmitted_sweep_finishe
     for s in ("seed0", "seed1", "seed2"):
         assert [int(x["epoch"]) for x in read_metrics(ck / s)] == list(range(1, last + 1))
     assert r.stdout.count("resuming ") == 2
-
-
-SHARE = """
-import os, sys
-from training import sweep
-slot, slots = sweep.node_slot()
-sweep.take_host_share(slot, slots)
-with open(f"{sys.argv[1]}/slot{slot}", "w") as f:
-    print(slots, *sorted(os.sched_getaffinity(0)), file=f)
-"""
-
-
-def test_sweep_runs_on_one_host_take_different_shares_of_it(tmp_path):
-    # Two runs of one rank on one host: each run's Horovod would see one process (local rank 0
-    # both), so the sweep first narrows each process to its slot's share of the host (its
-    # cores here; its GPU on a GPU host), by its rank among the host's processes.
-    assert_ok(run(["mpirun", "-np", "2", "--bind-to", "none", "-x", f"PYTHONPATH={ROOT}", PY, "-c", SHARE,
-                   tmp_path]))
-    cores = sorted(os.sched_getaffinity(0))
-    said = [(tmp_path / f"slot{s}").read_text().split() for s in (0, 1)]
-    assert [int(x[0]) for x in said] == [2, 2]
-    shares = [list(map(int, x[1:])) for x in said]
-    if len(cores) >= 2:  # disjoint halves of this machine's cores
-        assert not set(shares[0]) & set(shares[1]) and sorted(shares[0] + shares[1]) == cores, shares
-    else:
-        assert shares == [cores, cores]
 
 
 def test_bad_sweeps_stop_before_any_work(data_dir, tmp_path):

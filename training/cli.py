@@ -13,6 +13,8 @@ imports Horovod or torch.distributed, and nothing here trains.
 """
 import argparse
 import math
+import sys
+import typing
 
 import torch
 
@@ -29,7 +31,7 @@ COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-auto
 # that means "not used" (one process: no warm-up, one backward pass per step, no sweep).
 NOT_USED = {"warmup_epochs": 0.0, "batches_per_allreduce": 1, "sync_bn": False,
             "fp16_allreduce": False, "use_adasum": False, "allreduce_groups": None, "sweep": None,
-            "ranks_per_run": None}
+            "ranks_per_run": None, "search": None, "trials": None, "pruner": None, "sampler": None}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -38,6 +40,9 @@ class _Parser(argparse.ArgumentParser):
         if "--sweep" in message:  # main_horovod.py took it before main_sweep.py did
             message += ("; --sweep is main_sweep.py's: "
                         "mpirun -np N python main_sweep.py ... --sweep FLAG=V1,V2")
+        if "unrecognized arguments" in message and "--search" in message:
+            message += ("; --search is main_sweep.py's: "
+                        "mpirun -np N python main_sweep.py ... --search FLAG=LO:HI --trials N")
         raise UsageError(f"{message} (see --help)")
 
 
@@ -73,7 +78,8 @@ def build_parser(doc):
       help="label smoothing of the training loss (default: 0; "
            f"{FAST['label_smoothing']} with --recipe fast)")
     a("--weight-decay", type=float, default=None, metavar="WD",
-      help=f"SGD's weight decay (default: {RECIPE['weight_decay']:g}, the recipe's)")
+      help="SGD's weight decay, an L2 penalty on the weights "
+           f"(default: {RECIPE['weight_decay']:g}, the recipe's)")
     a("--lr-schedule", choices=("cosine", "onecycle"), default=None,
       help="cosine: from --lr to 0, stepped per epoch; onecycle: per step, linearly from 0 to --lr "
            f"over the first {RECIPE['onecycle_peak']:g} of the epochs (the recipe's "
@@ -172,7 +178,7 @@ def add_horovod_args(p):
 
 
 def add_sweep_args(p):
-    """main_sweep.py's flags: the Horovod port's, and --sweep."""
+    """main_sweep.py's flags: the Horovod port's, --sweep (a grid) and --search (a study)."""
     add_horovod_args(p)
     g = p.add_argument_group("sweep")
     g.add_argument("--sweep", action="append", type=sweep_axis, metavar="FLAG=V1,V2,...",
@@ -184,10 +190,46 @@ def add_sweep_args(p):
                    help="processes per run: the job's processes form groups of K, and each group "
                         "trains runs one after another, the next one left, until none is (default: "
                         "the processes over the runs, where that divides, else 1)")
+    g = p.add_argument_group("search")
+    g.add_argument("--search", action="append", type=search_axis, metavar="FLAG=RANGE",
+                   help="search FLAG with Optuna instead of a grid (repeat --search for each "
+                        "flag): FLAG=LO:HI (uniform), FLAG=log:LO:HI (log-uniform) or "
+                        "FLAG=V1,V2,... (one of the values); each trial is a run in "
+                        "CHECKPOINT_DIR/trial-<n>/, the study CHECKPOINT_DIR/study.journal; FLAG "
+                        "is one of " + ", ".join(SEARCHABLE))
+    g.add_argument("--trials", type=int, default=None, metavar="N",
+                   help="the trials a --search study ends with, those of earlier jobs on the same "
+                        "study included")
+    g.add_argument("--pruner", choices=("median", "hyperband", "none"), default="median",
+                   help="what ends a trial early after an epoch: Optuna's median pruner (below the "
+                        "median of the completed trials at that epoch), Hyperband, or none "
+                        "(default: %(default)s)")
+    g.add_argument("--sampler", choices=("tpe", "random"), default="tpe",
+                   help="how Optuna picks a trial's values, seeded by --seed: TPE, or at random "
+                        "(default: %(default)s)")
     return p
 
 
-SWEEPABLE = ("lr", "seed", "batch-size", "warmup-epochs", "arch", "epochs", "label-smoothing")
+SWEEPABLE = ("lr", "seed", "batch-size", "warmup-epochs", "arch", "epochs", "label-smoothing",
+             "weight-decay")
+# What --search takes, and the type of its values: a range of numbers, or a list of choices.
+SEARCHABLE = {"lr": float, "weight-decay": float, "label-smoothing": float,
+              "warmup-epochs": float, "batch-size": int, "arch": str}
+# main_sweep.py's own flags, each with a value: the flags its runs do not get.
+SWEEP_FLAGS = ("--sweep", "--ranks-per-run", "--search", "--trials", "--pruner", "--sampler")
+
+
+def run_flags(argv=None):
+    """main_sweep.py's flags (sys.argv's where argv is None) without its own (SWEEP_FLAGS):
+    the flags every run of the job gets."""
+    argv, kept = list(sys.argv[1:] if argv is None else argv), []
+    while argv:
+        a = argv.pop(0)
+        if a in SWEEP_FLAGS:
+            argv.pop(0)
+        elif not a.startswith(tuple(f"{flag}=" for flag in SWEEP_FLAGS)):
+            kept.append(a)
+    return kept
 
 
 def sweep_axis(text):
@@ -198,6 +240,49 @@ def sweep_axis(text):
         raise argparse.ArgumentTypeError("--sweep takes FLAG=V1,V2,... with FLAG one of "
                                          + ", ".join(SWEEPABLE))
     return flag, values.split(",")
+
+
+class SearchAxis(typing.NamedTuple):
+    """One --search flag: FLAG (without its dashes), its kind ("uniform" or "log": values is
+    (LO, HI) of the flag's type; "choice": values are the choices as given)."""
+    flag: str
+    kind: str
+    values: tuple
+
+
+def search_axis(text):
+    """--search FLAG=LO:HI, FLAG=log:LO:HI or FLAG=V1,V2,...: a SearchAxis."""
+    flag, sep, spec = text.partition("=")
+    flag = flag.removeprefix("--")
+    if not sep or flag not in SEARCHABLE or not spec:
+        raise argparse.ArgumentTypeError("--search takes FLAG=LO:HI, FLAG=log:LO:HI or "
+                                         "FLAG=V1,V2,... with FLAG one of " + ", ".join(SEARCHABLE))
+    kind = SEARCHABLE[flag]
+    if ":" not in spec:
+        choices = tuple(spec.split(","))
+        if not all(choices) or len(set(choices)) < len(choices):
+            raise argparse.ArgumentTypeError(f"{flag}={spec}: the choices V1,V2,... must be "
+                                             "different and none empty")
+        if len(choices) == 1:
+            raise argparse.ArgumentTypeError(f"{flag}={spec}: one value is no search; pass "
+                                             f"--{flag} {spec}, or give a range or values")
+        return SearchAxis(flag, "choice", choices)
+    log = spec.startswith("log:")
+    ends = spec.removeprefix("log:").split(":")
+    malformed = (f"{flag}={spec} is not a range; give {flag}=LO:HI or {flag}=log:LO:HI, two "
+                 f"{'integers' if kind is int else 'numbers'} with LO below HI")
+    if kind is str:
+        raise argparse.ArgumentTypeError(f"{flag}={spec}: {flag} takes a list of values, e.g. "
+                                         f"{flag}=resnet18,mobilenetv2")
+    try:
+        lo, hi = (kind(e) for e in ends)
+    except ValueError:
+        raise argparse.ArgumentTypeError(malformed) from None
+    if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+        raise argparse.ArgumentTypeError(malformed)
+    if log and lo <= 0:
+        raise argparse.ArgumentTypeError(f"{flag}={spec}: a log range starts above 0")
+    return SearchAxis(flag, "log" if log else "uniform", (lo, hi))
 
 
 def add_elastic_args(p):
@@ -278,6 +363,10 @@ def parse_args(parser, argv=None):
         raise UsageError("--resume, --auto-resume and --overwrite do not go together: pick one")
     if args.ranks_per_run is not None and args.ranks_per_run <= 0:
         raise UsageError(f"--ranks-per-run must be positive (got {args.ranks_per_run})")
+    if args.weight_decay is not None and not (args.weight_decay >= 0
+                                              and math.isfinite(args.weight_decay)):
+        raise UsageError(f"--weight-decay must be 0 or more (got {args.weight_decay})")
+    check_search(args)
     if args.sweep:
         swept = [flag for flag, _ in args.sweep]
         if len(set(swept)) < len(swept):
@@ -292,6 +381,34 @@ def parse_args(parser, argv=None):
             raise UsageError("--use-adasum needs Horovod's MPI controller, and elastic runs use "
                              "gloo; use main_horovod.py for Adasum")
     return args
+
+
+def check_search(args):
+    """--search's flags, alone and with the others."""
+    if args.trials is not None and args.trials <= 0:
+        raise UsageError(f"--trials must be positive (got {args.trials})")
+    if not args.search:
+        if args.trials is not None:
+            raise UsageError("--trials counts the trials of a --search; add --search FLAG=LO:HI")
+        return
+    if args.sweep:
+        raise UsageError("--search and --sweep do not go together: one job is a grid (--sweep) or "
+                         "a search (--search); drop one")
+    searched = [axis.flag for axis in args.search]
+    if len(set(searched)) < len(searched):
+        raise UsageError("each --search FLAG may come once")
+    if args.trials is None:
+        raise UsageError("--search needs --trials N, the number of trials the study ends with")
+    if args.evaluate or args.checkpoint:
+        raise UsageError("--search trains a trial per folder; evaluate a trial with main.py "
+                         "--evaluate --checkpoint-dir CHECKPOINT_DIR/trial-<n>")
+    if args.resume or args.overwrite:
+        raise UsageError("--search resumes its study by itself: submit the same command again "
+                         "without --resume or --overwrite; a new study needs another "
+                         "--checkpoint-dir")
+    if args.stop_at is not None or args.target_acc is not None:
+        raise UsageError("--search trains every trial to --epochs unless the pruner ends it; "
+                         "drop --stop-at and --target-acc")
 
 
 def last_epoch(args):

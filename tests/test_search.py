@@ -1,0 +1,256 @@
+"""--search (search.py): an Optuna study over the groups of a real MPI job, with pruning.
+
+One study of 6 trials on 2 single-process groups (mpirun -np 2), the median pruner and the
+random sampler, over a space whose learning rates include one that diverges (1e38) and one
+that learns nothing (1e-5), made once for the module: the journal holds 6 trials, each
+complete, pruned (before its last epoch) or failed (with its reason), and the search went on
+after a failure; every line the trials print names its trial; the command printed for the best
+trial retrains it alone with main_horovod.py, bitwise the trial. A study stopped by SIGTERM and
+submitted again ends with exactly its trials, none trained twice. Bad input stops in one line,
+exit status 2, with nothing written. optuna-dashboard serves the study.
+
+The draws of the seeded random sampler are Optuna 5.0's (requirements.txt pins it): with --seed
+0, the first group draws lr 0.05 and then 1e-5, the second 1e38 first.
+"""
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import urllib.request
+
+import pytest
+
+from helpers import (
+    BIN,
+    ONE_THREAD,
+    PY,
+    assert_ok,
+    assert_states_equal,
+    common_args,
+    horovod_cmd,
+    is_gone,
+    load_ckpt,
+    metrics_rows,
+    rank_pids,
+    read_metrics,
+    run,
+    skip_or_fail,
+    wait_until,
+)
+
+EPOCHS = 3
+SPACE = ["--search", "lr=1e-5,0.05,1e38", "--search", "label-smoothing=0:0.2"]
+RUN_COLS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "world_size")
+
+
+def search_cmd(np_, args):
+    return horovod_cmd(np_, args, "mpirun", script="main_sweep.py")
+
+
+def trials(ck):
+    """The study's trials, read from its journal as optuna-dashboard would."""
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    storage = JournalStorage(JournalFileBackend(str(ck / "study.journal")))
+    return optuna.load_study(study_name="search", storage=storage).get_trials()
+
+
+@pytest.fixture(scope="module")
+def study(data_dir, tmp_path_factory):
+    ck = tmp_path_factory.mktemp("search") / "ck"
+    args = [*common_args(data_dir, ck, epochs=EPOCHS), *SPACE, "--trials", 6, "--ranks-per-run", 1,
+            "--pruner", "median", "--sampler", "random"]
+    r = run(search_cmd(2, args), timeout=300, env_extra=ONE_THREAD)
+    return ck, args, r
+
+
+def test_six_trials_on_two_groups_each_complete_pruned_or_failed(study):
+    ck, _, r = study
+    assert_ok(r)
+    got = trials(ck)
+    states = {t.number: t.state.name for t in got}
+    assert len(got) == 6 and set(states.values()) == {"COMPLETE", "PRUNED", "FAIL"}, states
+    assert {t.user_attrs["ranks"] for t in got} == {"0", "1"}  # both groups took trials
+    for t in got:
+        rows = metrics_rows(ck / f"trial-{t.number}")
+        epochs = [int(x["epoch"]) for x in rows]
+        if t.state.name == "COMPLETE":
+            assert epochs == [1, 2, 3] and t.value == float(rows[-1]["test_acc"])
+        elif t.state.name == "PRUNED":  # stopped before its last epoch, its files kept
+            assert epochs == list(range(1, len(epochs) + 1)) and 1 <= len(epochs) < EPOCHS, epochs
+            assert sorted(t.intermediate_values) == epochs
+            assert load_ckpt(ck / f"trial-{t.number}" / "ckpt.pth")["epoch"] == len(epochs)
+        else:  # diverged in its first epoch: failed, with its reason, nothing saved
+            assert t.params["lr"] == "1e38" and epochs == []
+            assert t.user_attrs["fail_reason"].startswith("epoch 1: training diverged in epoch 1: "), t.user_attrs
+    first_failed = min(n for n, s in states.items() if s == "FAIL")
+    assert any(s != "FAIL" for n, s in states.items() if n > first_failed), states  # the search went on
+    summary = {row.split(",")[0]: row.split(",")[1] for row in (ck / "search.csv").read_text().splitlines()[1:]}
+    assert summary == {str(n): {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed"}[s]
+                       for n, s in states.items()}
+    assert (ck / "search.png").stat().st_size > 0
+    assert f"study {ck / 'study.journal'}: 6 trials" in r.stdout
+    assert f"watch the study: optuna-dashboard {ck / 'study.journal'}" in r.stdout
+
+
+def test_every_line_of_the_trials_names_its_trial(study):
+    # Every line before the summary, on stdout and stderr, is a trial's.
+    _, _, r = study
+    out = r.stdout.splitlines()
+    trial_lines = out[:next(i for i, ln in enumerate(out) if ln.startswith("study "))] + r.stderr.splitlines()
+    assert len([ln for ln in trial_lines if re.search(r" epoch \d/3 ", ln)]) >= 6
+    unnamed = [ln for ln in trial_lines if not re.match(r"(main_sweep\.py: error: )?trial \d+[ :]", ln)]
+    assert not unnamed, unnamed
+
+
+def test_the_best_trial_retrained_alone_is_bitwise_the_trial(study):
+    ck, _, r = study
+    number, command = re.search(r"^retrain the best trial \((\d+)\) alone: (.*)$", r.stdout, re.M).groups()
+    words = shlex.split(command)
+    trial, alone = ck / f"trial-{number}", ck / f"trial-{number}-alone"
+    assert words[:2] == ["python", "main_horovod.py"] and words[-2:] == ["--checkpoint-dir", str(alone)]
+    assert_ok(run([PY, *words[1:]], env_extra=ONE_THREAD))
+    assert_states_equal(load_ckpt(trial / "ckpt.pth")["model"], load_ckpt(alone / "ckpt.pth")["model"],
+                        f"trial {number}, trained an epoch a call in its group, and alone in one run")
+    assert [[x[c] for c in RUN_COLS] for x in read_metrics(trial)] == \
+        [[x[c] for c in RUN_COLS] for x in read_metrics(alone)]
+
+
+def test_sigterm_mid_study_then_the_same_command_ends_with_its_trials_none_trained_twice(data_dir, tmp_path, jobs):
+    # Four trials of three epochs on two groups: when the first epoch of any is saved, at least
+    # ten epochs are left, so the job cannot end on its own before every process has the signal.
+    ck = tmp_path / "ck"
+    args = [*common_args(data_dir, ck, epochs=EPOCHS), "--search", "lr=0.02,0.05", "--search",
+            "label-smoothing=0:0.2", "--trials", 4, "--ranks-per-run", 1, "--pruner", "none"]
+    job = jobs(search_cmd(2, args), env_extra=ONE_THREAD)
+    wait_until(lambda: any(metrics_rows(ck / f"trial-{n}") for n in range(4)), 120, "a trial's first epoch", job)
+    pids = rank_pids("main_sweep.py", str(ck))
+    assert set(pids) == {0, 1}, pids
+    for pid in pids.values():
+        os.kill(pid, signal.SIGTERM)
+    assert job.wait(timeout=60) != 0 and all(is_gone(pid) for pid in pids.values())
+    before = {n: metrics_rows(ck / f"trial-{n}") for n in range(4)}
+    left_running = [t.number for t in trials(ck) if t.state.name == "RUNNING"]
+    assert left_running and any(before[n] for n in left_running), before
+    r = assert_ok(run(search_cmd(2, args), timeout=300, env_extra=ONE_THREAD))  # the same command
+    got = trials(ck)
+    assert [t.number for t in got] == [0, 1, 2, 3] and {t.state.name for t in got} == {"COMPLETE"}
+    for n in left_running:
+        assert re.search(rf"^trial {n} resumes", r.stdout, re.M), r.stdout[-3000:]
+    for n in range(4):  # each epoch once; those saved before the stop kept as they were, timings too
+        rows = read_metrics(ck / f"trial-{n}")
+        assert [int(x["epoch"]) for x in rows] == [1, 2, 3] and rows[:len(before[n])] == before[n], n
+        trained = [ln for ln in r.stdout.splitlines() if re.match(rf"trial {n} epoch \d/3 ", ln)]
+        assert len(trained) == EPOCHS - len(before[n]), (n, trained)
+
+
+def test_a_trial_whose_last_epoch_was_reported_but_not_told_ends_complete_without_training(data_dir, tmp_path):
+    # A process killed between the report of a trial's last epoch and telling the study it is
+    # complete leaves it running with every epoch saved: the next job tells it, training nothing.
+    import optuna
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+
+    from helpers import parse
+    from training import search
+    ck = tmp_path / "ck"
+    job = [*common_args(data_dir, ck, epochs=2), "--search", "lr=0.02:0.08", "--trials", "1", "--ranks-per-run", "1"]
+    args = parse(*job, port="sweep")
+    ck.mkdir()
+    study = optuna.create_study(study_name="search", direction="maximize",
+                                storage=JournalStorage(JournalFileBackend(str(ck / "study.journal"))))
+    study.set_user_attr("space", search.space_record(args.search))
+    trial = study.ask(search.distributions(args.search))
+    trial.set_user_attr("folder", search.trial_folder(args, 0))
+    values = search.trial_values(args.search, trial.params)
+    assert_ok(run([PY, "main_horovod.py", *search.trial_argv(args, job, 0, values, 2)], env_extra=ONE_THREAD))
+    saved = read_metrics(ck / "trial-0")
+    for row in saved:
+        trial.report(float(row["test_acc"]), int(row["epoch"]))
+    r = assert_ok(run(search_cmd(1, job), timeout=300, env_extra=ONE_THREAD))
+    assert "trial 0 resumes after epoch 2" in r.stdout and "nothing left to train" in r.stdout, r.stdout[-3000:]
+    (told,) = trials(ck)
+    assert told.state.name == "COMPLETE" and told.value == float(saved[-1]["test_acc"])
+    assert read_metrics(ck / "trial-0") == saved
+
+
+def bad(args, code=2):
+    """A refused command: one line, the exit status, no traceback."""
+    r = run(args, timeout=120)
+    said = [ln for ln in r.stderr.splitlines() if "error" in ln]
+    assert r.returncode == code and len(said) == 1 and "Traceback" not in r.stderr, (r.returncode, r.stderr[-2000:])
+    return said[0]
+
+
+def test_bad_searches_stop_in_one_line_before_anything_is_written(data_dir, tmp_path, study):
+    ck = tmp_path / "ck"
+    job = [PY, "main_sweep.py", *common_args(data_dir, ck)]
+    assert "--search and --sweep do not go together" in bad([*job, *SPACE, "--trials", "2", "--sweep", "seed=0,1"])
+    assert "FLAG one of lr, weight-decay" in bad([*job, "--search", "momentum=0.8:0.99", "--trials", "2"])
+    assert "lr=0.5:0.1 is not a range; give lr=LO:HI or lr=log:LO:HI" in \
+        bad([*job, "--search", "lr=0.5:0.1", "--trials", "2"])
+    assert "--trials must be positive (got 0)" in bad([*job, *SPACE, "--trials", "0"])
+    assert not ck.exists()
+    # The module's study, with another space: refused by the job (mpirun -np 2), said once.
+    done, args, _ = study
+    files = {p: p.read_bytes() for p in done.rglob("*") if p.is_file()}
+    other = [*args[:args.index("--search")], "--search", "lr=log:0.01:1", *args[args.index("--trials"):]]
+    said = bad(search_cmd(2, other))
+    assert "study.journal is a study of another search space (--search lr=1e-5,0.05,1e38 " \
+           "--search label-smoothing=0:0.2)" in said, said
+    assert {p: p.read_bytes() for p in done.rglob("*") if p.is_file()} == files
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_optuna_dashboard_serves_the_study(study):
+    ck, _, _ = study
+    dashboard = os.path.join(BIN, "optuna-dashboard")
+    if not os.path.exists(dashboard):  # optional: installed here where it is missing
+        r = subprocess.run([PY, "-m", "pip", "install", "-q", "optuna-dashboard"], capture_output=True, text=True,
+                           timeout=300)
+        if r.returncode != 0:
+            skip_or_fail(f"optuna-dashboard could not be installed: {r.stderr.strip().splitlines()[-1:]}")
+    port = free_port()
+    server = subprocess.Popen([dashboard, str(ck / "study.journal"), "--host", "127.0.0.1", "--port", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    try:
+        def listed():
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=5) as f:
+                    return json.load(f)["study_summaries"]
+            except OSError:
+                return None
+        studies = wait_until(listed, 60, "the dashboard's answer")
+        assert [s["study_name"] for s in studies] == ["search"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies/{studies[0]['study_id']}?after=0",
+                                    timeout=30) as f:
+            shown = json.load(f)["trials"]
+        assert sorted(t["state"] for t in shown) == sorted(t.state.name.capitalize() for t in trials(ck))
+    finally:
+        server.terminate()  # the one process this test started, by its handle
+        server.wait(timeout=30)
+
+
+def test_a_trials_flags_and_the_command_alone_hold_its_values_bit_for_bit():
+    from helpers import parse
+    from training import search
+    job = ["--arch", "lenet", "--lr", "0.1", "--checkpoint-dir", "ck", "--search", "lr=log:0.01:1",
+           "--search=arch=lenet,vgg11", "--trials", "4", "--epochs", "3"]
+    args = parse(*job, port="sweep")
+    values = search.trial_values(args.search, {"lr": 0.1 + 0.2, "arch": "vgg11"})
+    assert values == [("lr", "0.30000000000000004"), ("arch", "vgg11")]
+    assert search.trial_argv(args, job, 7, values, 2) == [
+        "--arch", "lenet", "--lr", "0.1", "--checkpoint-dir", "ck", "--epochs", "3", "--lr=0.30000000000000004",
+        "--arch=vgg11", "--checkpoint-dir", os.path.join("ck", "trial-7"), "--auto-resume", "--stop-at", "2"]
+    assert search.alone_argv(args, job, values, "alone") == [
+        "--epochs", "3", "--lr=0.30000000000000004", "--arch=vgg11", "--checkpoint-dir", "alone"]
+    assert search.space_text(search.space_record(args.search)) == "--search lr=log:0.01:1 --search arch=lenet,vgg11"

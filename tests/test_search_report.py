@@ -1,0 +1,41 @@
+"""search_report.py in process: search.csv, the table and search.png from a study's trials."""
+import csv
+import types
+
+from training import search_report
+
+
+def trial(number, state, value=None, lr=0.1, epochs=0, folder=None, **attrs):
+    return types.SimpleNamespace(number=number, state=types.SimpleNamespace(name=state), value=value,
+                                 params={"lr": lr, "arch": "lenet"}, user_attrs=dict(attrs, folder=str(folder)))
+
+
+def test_the_best_completed_trials_first_every_trial_in_the_csv_and_the_figure(tmp_path, capsys):
+    for n, accs in {0: [0.2, 0.4, 0.5], 1: [0.1], 3: [0.3, 0.6, 0.7]}.items():
+        (tmp_path / f"trial-{n}").mkdir()
+        (tmp_path / f"trial-{n}" / "metrics.csv").write_text(
+            "epoch,test_acc,train_time_s\n" + "".join(f"{e},{a},{e * 1.5}\n" for e, a in enumerate(accs, 1)))
+    trials = [trial(0, "COMPLETE", 0.5, lr=0.05, folder=tmp_path / "trial-0", ranks="0"),
+              trial(1, "PRUNED", 0.1, lr=1e-5, folder=tmp_path / "trial-1", ranks="1"),
+              trial(2, "FAIL", lr=1e38, folder=tmp_path / "trial-2", ranks="1", fail_reason="epoch 1: diverged"),
+              trial(3, "COMPLETE", 0.7, lr=0.2, folder=tmp_path / "trial-3", ranks="0")]
+    completed = search_report.write(str(tmp_path), ["lr", "arch"], trials, "python main_horovod.py --lr=0.2",
+                                    "optuna-dashboard study.journal")
+    assert completed == 2
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"study {tmp_path}/study.journal: 4 trials, 2 complete, 1 pruned, 1 failed"
+    table = out[out.index(next(ln for ln in out if ln.startswith("trial "))) + 2:][:2]
+    assert [ln.split()[:3] for ln in table] == [["3", "0.7000", "0.2"], ["0", "0.5000", "0.05"]]  # best first
+    assert "retrain the best trial (3) alone: python main_horovod.py --lr=0.2" in out
+    with open(tmp_path / "search.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["trial"], r["state"], r["epochs"], r["reason"]) for r in rows] == \
+        [("0", "complete", "3", ""), ("1", "pruned", "1", ""), ("2", "failed", "0", "epoch 1: diverged"),
+         ("3", "complete", "3", "")]
+    assert rows[3]["best_test_acc"] == "0.7" and rows[3]["train_time_s"] == "4.5" and rows[1]["lr"] == "1e-05"
+    assert (tmp_path / "search.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_study_with_no_completed_trial_says_so(tmp_path, capsys):
+    assert search_report.write(str(tmp_path), ["lr"], [trial(0, "FAIL", folder=tmp_path / "none")], "", "") == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "no trial completed"

@@ -1,0 +1,337 @@
+"""main_sweep.py --search: an Optuna study over the job's groups, with pruning, that survives its
+job.
+
+    mpirun -np 8 python main_sweep.py --arch resnet18 --epochs 30 --trials 40 \\
+        --search lr=log:0.01:1 --search weight-decay=log:1e-5:1e-3 --search arch=resnet18,vgg16
+
+The study is CHECKPOINT_DIR/study.journal, Optuna's JournalStorage over its file backend: a
+plain file on the folder every host sees, which optuna-dashboard reads. The job's processes
+form groups as a sweep's do (groups.py). A group's rank 0 takes the next trial (`Study.take`,
+under a file lock, so that the study never holds more than --trials): first a trial that an
+earlier job left running, else a new one asked of the study, its values drawn by the sampler;
+and it sends the trial to its group. Each trial is an ordinary main_horovod.py run of its group
+in CHECKPOINT_DIR/trial-<n>/, every line it prints headed by `trial <n>`.
+
+A trial is trained one epoch per call (--auto-resume --stop-at E), so that after each epoch
+its rank 0 reports the epoch's test accuracy to the study and the pruner decides, without a hook
+in the trainer's loop; the decision goes to the group. A pruned trial is not resumed again: it
+ends with its files as they are, and its group takes the next trial. Every epoch is a
+checkpoint, so a stop signal, a requeue or the same command submitted again resumes the study:
+trials left running continue from their checkpoints under the same number, finished ones are
+never trained again. A trial that fails (a divergence, which ends a run alone with exit status
+3; a corrupt checkpoint) is told to the study as failed, its reason a user attribute, and the
+search goes on. One job at a time runs a study. World rank 0 sums the study up at the end
+(search_report.py).
+"""
+import json
+import os
+import shlex
+import sys
+
+from training import cli, groups, launch, safeio, search_report
+from training.devices import node_slot, take_host_share
+from training.errors import RunsFailed, TrainerError, UsageError
+from training.headed import headed
+
+STUDY = "study.journal"  # in CHECKPOINT_DIR: the study, Optuna's journal
+STUDY_NAME = "search"
+HOLDER = ".study.lock"  # in CHECKPOINT_DIR: held by the job that runs the study
+TAKE_LOCK = ".search-take.lock"  # in CHECKPOINT_DIR: a trial is taken under it
+LEFT_RUNNING = ".search-left-running"  # in CHECKPOINT_DIR: trials an earlier job left running
+
+
+def trial_folder(args, number):
+    return os.path.join(args.checkpoint_dir, f"trial-{number}")
+
+
+def trial_values(space, params):
+    """[(flag, value as the command line gives it)] of a trial's parameters: floats in full
+    (repr), so that the trial's flags give its values bit for bit."""
+    return [(axis.flag, repr(params[axis.flag]) if isinstance(params[axis.flag], float)
+             else str(params[axis.flag])) for axis in space]
+
+
+def trial_argv(args, argv, number, values, epoch):
+    """The flags of a trial's run up to `epoch`: the job's without main_sweep.py's own, the
+    trial's values, its folder; resumed from its checkpoint, and stopped after the epoch."""
+    return [*cli.run_flags(argv), *(f"--{flag}={value}" for flag, value in values),
+            "--checkpoint-dir", trial_folder(args, number), "--auto-resume",
+            "--stop-at", str(epoch)]
+
+
+def alone_argv(args, argv, values, folder):
+    """The flags that retrain a trial alone with main_horovod.py, in `folder`: the job's, less
+    its folder and the flags the trial sets, then the trial's values."""
+    job, kept = cli.run_flags(argv), []
+    replaced = ["--checkpoint-dir", *(f"--{flag}" for flag, _ in values)]
+    while job:
+        a = job.pop(0)
+        if a in replaced:
+            job.pop(0)
+        elif not a.startswith(tuple(f"{flag}=" for flag in replaced)):
+            kept.append(a)
+    return [*kept, *(f"--{flag}={value}" for flag, value in values), "--checkpoint-dir", folder]
+
+
+def space_record(space):
+    """The search space as the study keeps it (a user attribute), JSON's plain values."""
+    return json.loads(json.dumps([[axis.flag, axis.kind, list(axis.values)] for axis in space]))
+
+
+def space_text(record):
+    return " ".join(f"--search {flag}=" + (",".join(values) if kind == "choice" else
+                                           ("log:" if kind == "log" else "")
+                                           + ":".join(f"{v:g}" for v in values))
+                    for flag, kind, values in record)
+
+
+def run(main, args, argv):
+    """main_sweep.py --search: every check first (check_search; then the study file on world
+    rank 0, open_study), then this process's group trains trials from the study until it holds
+    --trials and none is left running (train_trial each), then world rank 0 sums the study up."""
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    per_run = check_search(args, argv, world.Get_size())
+    opened = None
+    if world.Get_rank() == 0:
+        try:
+            opened = open_study(args)
+        except TrainerError as e:
+            opened = e
+    opened = world.bcast(opened, root=0)
+    if isinstance(opened, TrainerError):
+        opened.every_rank = True  # now every rank's: rank 0 alone says it
+        raise opened
+    take_host_share(*node_slot())
+    group, index, ranks = groups.split(world, per_run)
+    study = Study(args, index, opened) if group.Get_rank() == 0 else None
+    while (trial := group.bcast(study.take(ranks) if study else None)) is not None:
+        train_trial(main, args, argv, group, study, *trial)
+    groups.wait_for_every_run(world)
+    completed = summarize(args, argv, per_run) if world.Get_rank() == 0 else None
+    completed = world.bcast(completed, root=0)
+    group.Free()
+    if not completed:
+        raise RunsFailed(f"none of the {args.trials} trials completed (their errors are above, "
+                         f"and their rows in {os.path.join(args.checkpoint_dir, 'search.csv')})")
+
+
+def check_search(args, argv, processes):
+    """The processes per trial, once every check that can fail for the whole search has passed
+    on every rank alike, before any work: the controller, the flags of a trial at each end of
+    every range and with each choice, the ranks per trial."""
+    groups.check_controller("--search")
+    parser = cli.add_horovod_args(cli.build_parser(""))
+    first = [(axis.flag, str(axis.values[0])) for axis in args.search]
+    for i, axis in enumerate(args.search):
+        for value in axis.values:
+            values = first[:i] + [(axis.flag, str(value))] + first[i + 1:]
+            cli.parse_args(parser, trial_argv(args, argv, 0, values, 1))
+    return groups.ranks_per_run(args, args.trials, processes)
+
+
+def summarize(args, argv, per_run):
+    """World rank 0, once every trial has ended: the study summed up (search_report.py), with
+    the command that retrains its best trial alone. Returns how many trials completed."""
+    import optuna
+    trials = optuna.load_study(study_name=STUDY_NAME, storage=journal(args)).get_trials()
+    done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
+    best = max(done, key=lambda t: t.value, default=None)
+    retrain = retrain_command(args, argv, best, per_run) if best else ""
+    dashboard = shlex.join(["optuna-dashboard", os.path.join(args.checkpoint_dir, STUDY)])
+    return search_report.write(args.checkpoint_dir, [axis.flag for axis in args.search], trials,
+                               retrain, dashboard)
+
+
+def retrain_command(args, argv, trial, per_run):
+    """The command that trains `trial` alone with main_horovod.py, on as many processes as its
+    group had (so its LR is scaled alike), into CHECKPOINT_DIR/trial-<n>-alone/."""
+    script = os.path.join(os.path.dirname(sys.argv[0]), "main_horovod.py")
+    folder = trial_folder(args, trial.number) + "-alone"
+    cmd = ["python", script, *alone_argv(args, argv, trial_values(args.search, trial.params),
+                                         folder)]
+    return shlex.join(["mpirun", "-np", str(per_run), *cmd] if per_run > 1 else cmd)
+
+
+def journal(args):
+    """The study's storage: Optuna's journal in CHECKPOINT_DIR/study.journal, its appends
+    under a lock file beside it (O_EXCL, which NFS v3 and later make atomic)."""
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+    path = os.path.join(args.checkpoint_dir, STUDY)
+    return JournalStorage(JournalFileBackend(path, lock_obj=JournalFileOpenLock(path)))
+
+
+def quiet_optuna():
+    """Optuna's own log lines off, and its warnings through the root logger, which writes to
+    sys.stderr as it is when they come: inside a trial, headed by its name."""
+    import optuna
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.disable_default_handler()
+    optuna.logging.enable_propagation()
+
+
+def open_study(args):
+    """World rank 0, before any work: refuse a study file of another search space (nothing
+    written), hold the study for this job, create the study or load it, and list the trials an
+    earlier job left running. Returns the number of trials the study held."""
+    import optuna
+    quiet_optuna()
+    path = os.path.join(args.checkpoint_dir, STUDY)
+    record = space_record(args.search)
+    if os.path.isfile(path):
+        try:
+            names = optuna.get_all_study_names(journal(args))
+            saved = (optuna.load_study(study_name=STUDY_NAME, storage=journal(args)).user_attrs
+                     if STUDY_NAME in names else None)
+        except Exception as e:  # Optuna's own errors, which name the line it could not read
+            raise TrainerError(f"cannot read the study {path} ({e}); restore it from a copy, or "
+                               "choose another --checkpoint-dir") from e
+        if saved is None:
+            raise UsageError(f"{path} holds no study named {STUDY_NAME!r} (it has {names}); "
+                             "choose another --checkpoint-dir")
+        if saved.get("space") != record:
+            raise UsageError(f"{path} is a study of another search space "
+                             f"({space_text(saved.get('space', []))}); give those --search "
+                             "flags to continue it, or another --checkpoint-dir for a new study")
+    os.makedirs(args.checkpoint_dir, exist_ok=True)
+    holder = safeio.hold(os.path.join(args.checkpoint_dir, HOLDER), f"process {os.getpid()}")
+    if holder is not None:
+        raise UsageError(f"the study {path} is in use by another job ({holder or 'starting'}); "
+                         "wait for it to end, or choose another --checkpoint-dir")
+    with launch.stops_held():
+        study = optuna.create_study(study_name=STUDY_NAME, storage=journal(args),
+                                    direction="maximize", load_if_exists=True)
+        if "space" not in study.user_attrs:
+            study.set_user_attr("space", record)
+    trials = study.get_trials(deepcopy=False)
+    running = [t.number for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    safeio.atomic_write(os.path.join(args.checkpoint_dir, LEFT_RUNNING),
+                        lambda f: f.write(json.dumps(running).encode()))
+    return len(trials)
+
+
+def sampler(args, group_index, held):
+    """The group's sampler, seeded by --seed, the group and the trials the study held when the
+    job started: two groups never draw the same values, and a resumed study draws new ones.
+    TPE draws its first trials at random (a quarter of --trials, 2 to 10)."""
+    import numpy as np
+    import optuna
+    seed = int(np.random.SeedSequence([args.seed, group_index, held]).generate_state(1)[0])
+    if args.sampler == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    return optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(2, min(10, args.trials // 4)))
+
+
+def pruner(args):
+    """--pruner: the median pruner prunes once a quarter of --trials (1 to 5) have completed;
+    Hyperband's resource is the epoch."""
+    import optuna
+    if args.pruner == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=max(1, min(5, args.trials // 4)))
+    if args.pruner == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=args.epochs)
+    return optuna.pruners.NopPruner()
+
+
+def distributions(space):
+    """The search space as Optuna's distributions, by flag."""
+    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+    out = {}
+    for axis in space:
+        if axis.kind == "choice":
+            out[axis.flag] = CategoricalDistribution(axis.values)
+        else:
+            kind = IntDistribution if isinstance(axis.values[0], int) else FloatDistribution
+            out[axis.flag] = kind(*axis.values, log=axis.kind == "log")
+    return out
+
+
+class Study:
+    """The study as a group's rank 0 sees it: which trial the group takes next, and what the
+    study is told after each epoch."""
+
+    def __init__(self, args, group_index, held):
+        import optuna
+        quiet_optuna()
+        self.args = args
+        self.study = optuna.load_study(study_name=STUDY_NAME, storage=journal(args),
+                                       sampler=sampler(args, group_index, held),
+                                       pruner=pruner(args))
+
+    def live(self, number):
+        """Trial `number` as an optuna.Trial, to report to and set attributes on: Optuna has
+        no public call for a trial that another process asked for, so by its storage id."""
+        from optuna.trial import Trial
+        return Trial(self.study, self.study.get_trials(deepcopy=False)[number]._trial_id)
+
+    def take(self, ranks):
+        """The group's next trial, now its own: (number, its values, the epochs it has
+        reported), or None once the study holds --trials and none is left running. Under the
+        file lock, so that two groups never take one trial, nor together more than --trials."""
+        folder = self.args.checkpoint_dir
+        with launch.stops_held(), safeio.locked(os.path.join(folder, TAKE_LOCK)):
+            with open(os.path.join(folder, LEFT_RUNNING)) as f:
+                left = json.load(f)
+            if left:  # an earlier job's, first
+                safeio.atomic_write(os.path.join(folder, LEFT_RUNNING),
+                                    lambda f: f.write(json.dumps(left[1:]).encode()))
+                trial = self.live(left[0])
+            elif len(self.study.get_trials(deepcopy=False)) < self.args.trials:
+                trial = self.study.ask(distributions(self.args.search))
+                trial.set_user_attr("folder", trial_folder(self.args, trial.number))
+            else:
+                return None
+            trial.set_user_attr("ranks", ranks)
+            number, params = trial.number, trial.params
+            done = len(self.study.get_trials(deepcopy=False)[number].intermediate_values)
+        values = trial_values(self.args.search, params)
+        what = f"resumes after epoch {done}" if done else "resumes" if left else "starts"
+        print(f"trial {number} {what}: " + " ".join(f"{f}={v}" for f, v in values)
+              + f" in {trial_folder(self.args, number)} (ranks {ranks})", flush=True)
+        return number, values, done
+
+    def after_epoch(self, number, epoch, history, whys):
+        """Tell the study how the trial's run up to `epoch` went (`history`, its metric rows on
+        the group's rank 0; `whys`, why it failed on each rank, None where it did not), and
+        return what the group does next: "train" the next epoch, or the trial's end,
+        "complete", "pruned" or "failed"."""
+        from optuna.trial import TrialState
+        trial = self.live(number)
+        failed = [why for why in whys if why is not None]
+        with launch.stops_held(), headed(f"trial {number}"):
+            if failed:  # the rank's own error before another rank's failure it caused
+                why = next((w for w in failed if w != groups.PEER_FAILED), failed[0])
+                trial.set_user_attr("fail_reason", f"epoch {epoch}: {why}")
+                self.study.tell(number, state=TrialState.FAIL)
+                print(f"failed in epoch {epoch} (the error above); the search goes on",
+                      flush=True)
+                return "failed"
+            acc = next(r["test_acc"] for r in history if r["epoch"] == epoch)
+            trial.report(acc, epoch)
+            if epoch == self.args.epochs:
+                self.study.tell(number, acc)
+                print(f"complete: test acc {acc:.4f} after epoch {epoch}", flush=True)
+                return "complete"
+            if trial.should_prune():
+                self.study.tell(number, state=TrialState.PRUNED)
+                print(f"pruned after epoch {epoch} of {self.args.epochs}: test acc {acc:.4f}",
+                      flush=True)
+                return "pruned"
+        return "train"
+
+
+def train_trial(main, args, argv, group, study, number, values, done):
+    """Train trial `number` in this group from the epoch after `done` (the epochs it has
+    reported), one epoch per run of main (groups.run_in_group), until it completes, is pruned or
+    fails."""
+    head = f"trial {number}"
+    # From its last epoch again where that was reported but the trial not told complete (a
+    # process killed in between): the run then trains nothing and gives the epoch's figures.
+    for epoch in range(min(done + 1, args.epochs), args.epochs + 1):
+        history, why = groups.run_in_group(main, trial_argv(args, argv, number, values, epoch),
+                                           group, head, head)
+        whys = group.gather(why, root=0)
+        step = study.after_epoch(number, epoch, history, whys) if study else None
+        if group.bcast(step, root=0) != "train":
+            return
