@@ -42,6 +42,7 @@ import torch
 from benchmarks import harness
 from benchmarks.figures import (
     ddp_scaling_efficiency_np2,
+    emulator_vs_real_error,
     horovod_idle_threads_gain,
     horovod_np1_overhead,
     horovod_vs_ddp_np2,
@@ -58,7 +59,7 @@ from training import devices
 # benchmarks/figures/ named by its NAME, with harness.py's interface, and one entry here.
 FIGURES = [loader_speedup, horovod_np1_overhead, scaling_efficiency_np2, ddp_scaling_efficiency_np2,
            horovod_vs_ddp_np2, horovod_idle_threads_gain, layout_design_cost, sweep_wall_time,
-           scaling_model_heldout_error, real_data_accuracy]
+           emulator_vs_real_error, scaling_model_heldout_error, real_data_accuracy]
 
 
 def parse_args(argv):
