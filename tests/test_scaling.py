@@ -1,9 +1,11 @@
 """Links of a known rate between namespace hosts (scripts/local_cluster.sh up N --rate R), and
-the allreduce probe users run on their own cluster (tools/allreduce.py) measuring one.
+the allreduce probe users run on their own cluster (tools/allreduce.py) measuring one, and the
+scaling model (tools/scaling_model.py) where its answer is known without measuring.
 
 Each test makes its own two-host cluster with shaped links and removes it at the end, also
 when it fails; `down` must leave no namespace, link or queue discipline of it. The scaling
-measurements these links serve are a benchmark (benchmarks/figures/scaling_model_heldout_error.py), not a test.
+measurements these links serve are benchmarks (benchmarks/figures/scaling_model_heldout_error.py and
+emulator_vs_real_error.py, through the emulator of tests/test_emulate.py), not tests.
 Without root (namespaces) the module is skipped, in one line; under CI it fails instead.
 """
 import json
@@ -11,7 +13,10 @@ import os
 import subprocess
 import time
 
+import pytest
+
 from helpers import PY, ROOT, LocalCluster, assert_ok, run
+from tools import scaling_model
 
 RATE_MBIT = 50
 SERVER = """
@@ -79,9 +84,31 @@ def test_the_allreduce_probe_measures_the_shaped_rate(tmp_path):
         assert said["n"] == 2 and said["arch"] == "lenet" and len(said["measured"]) >= 8
         assert 0.75 * RATE_MBIT < said["bandwidth_bps"] / 1e6 < 1.25 * RATE_MBIT, (said, r.stdout)
         assert set(said["predicted_efficiency"]) == {"default", "--fp16-allreduce", "--batches-per-allreduce 4",
-                                                      "fusion off (HOROVOD_FUSION_THRESHOLD=0)"}
+                                                      "fusion off (HOROVOD_FUSION_THRESHOLD=0)",
+                                                      "--compile (hooks after the whole backward)"}
         assert all(0 < e <= 1 for e in said["predicted_efficiency"].values())
         assert "allreduce (cpu, 2 processes on 2 host(s)): bandwidth " in r.stdout, r.stdout
         print(f"probe: {said['bandwidth_bps'] / 1e6:.1f} Mbit/s in {time.monotonic() - t0:.0f} s")
     finally:
         c.down()
+
+
+def test_the_model_hides_what_the_backward_pass_covers_and_no_more():
+    # Tensors of 1, 25, 25 and 25 MB ready at 1, 2, 3 and 4 ms of a 4 ms backward pass, on links
+    # where 25 MB take 1 ms at 2 processes (no latency): DDP's buckets (the first closes at 1 MB,
+    # the others at 25 MB) follow the gradients and only the last one's 1 ms is exposed; all at
+    # once after the backward (Horovod, compiled) exposes the whole 3 ms, and up to a cycle's wait.
+    mb = 1 << 20
+    sizes = [mb, 25 * mb, 25 * mb, 25 * mb]
+    point = dict(n=2, rate_bps=8 * 25 * mb / 1e-3, tensors=sizes, compute_s=6e-3, backward_s=4e-3,
+                 ready=[(t * 1e-3, b) for t, b in zip((1, 2, 3, 4), sizes)])
+    params = (1.0, 0.0)
+    assert scaling_model.step_s(dict(point, port="ddp"), params) == pytest.approx(7e-3)
+    assert scaling_model.step_s(dict(point, port="ddp", k=4), params) == pytest.approx(25e-3)
+    compiled = scaling_model.step_s(dict(point, port="horovod", compiled=True), params)
+    assert 9.04e-3 - 1e-9 <= compiled <= 10.04e-3 + 1e-9, compiled
+    assert scaling_model.step_s(dict(point, n=1), params) == pytest.approx(6e-3)
+    # Twice the rate halves what is exposed; fp16 does the same.
+    fast = scaling_model.step_s(dict(point, port="ddp", rate_bps=2 * point["rate_bps"]), params)
+    assert fast == pytest.approx(6.5e-3)
+    assert scaling_model.step_s(dict(point, port="ddp", fp16=True), params) == pytest.approx(fast)

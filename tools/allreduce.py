@@ -9,9 +9,10 @@ Every process allreduces float32 tensors of sizes from a few KB up to all of the
 gradients, as the trainer would (GPUs with NCCL where there are GPUs, else the CPU), and takes
 the fastest time of each size. A line through them, time = latency + 2 (N - 1) / N x bytes /
 bandwidth, gives the network's bandwidth and per-message latency as one ring allreduce sees
-them. Rank 0 then times the model's forward and backward passes on its own device and prints,
-in a few lines, the efficiency the scaling model (tools/scaling_model.py) predicts for a
-training run at this N with each flag set: the fraction of N times one process's images/s.
+them. Rank 0 then profiles the model's layers on its own device (tools/layer_profile.py: the
+step's compute, and when in the backward pass each gradient is ready) and prints, in a few
+lines, the efficiency the scaling model (tools/scaling_model.py) predicts for a training run at
+this N with each flag set: the fraction of N times one process's images/s.
 `--json FILE` also writes the figures.
 """
 import argparse
@@ -22,14 +23,9 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 import models
-from tools import scaling_model
-
-# The share of the last backward pass that hides the allreduce: the fit at 2 namespace hosts with
-# a core each (docs/PERFORMANCE.md#how-cost-grows-with-hosts); a GPU's may differ.
-OVERLAP = 0.5
+from tools import layer_profile, scaling_model
 
 
 def sizes(total_bytes, smallest=4096, steps=10):
@@ -65,37 +61,9 @@ def fit_line(n, points):
     return max(my - slope * mx, 0.0), 1 / slope
 
 
-def compute_times(arch, batch, device, steps=5):
-    """(seconds of forward + backward + SGD step of one batch, seconds of the backward pass)."""
-    model = models.get_model(arch, num_classes=10).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(batch, 3, 32, 32, device=device)
-    y = torch.randint(0, 10, (batch,), device=device)
-    whole, backward = [], []
-
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-    for i in range(steps + 1):
-        sync()
-        t0 = time.perf_counter()
-        loss = F.cross_entropy(model(x), y)
-        sync()
-        t1 = time.perf_counter()
-        opt.zero_grad()
-        loss.backward()
-        sync()
-        t2 = time.perf_counter()
-        opt.step()
-        sync()
-        if i:  # the first step warms up
-            whole.append(time.perf_counter() - t0)
-            backward.append(t2 - t1)
-    return statistics.median(whole), statistics.median(backward)
-
-
 FLAG_SETS = [("default", {}), ("--fp16-allreduce", {"fp16": True}), ("--batches-per-allreduce 4", {"k": 4}),
-             ("fusion off (HOROVOD_FUSION_THRESHOLD=0)", {"fusion": False})]
+             ("fusion off (HOROVOD_FUSION_THRESHOLD=0)", {"fusion": False}),
+             ("--compile (hooks after the whole backward)", {"compiled": True})]
 
 
 def main(argv=None):
@@ -121,7 +89,8 @@ def main(argv=None):
         latency, bandwidth = fit_line(n, measured)
     else:
         latency, bandwidth = 0.0, math.inf
-    compute_s, backward_s = compute_times(args.arch, args.batch_size, device)
+    profile = layer_profile.measure(args.arch, args.batch_size, device=device)
+    compute_s, backward_s = profile["step_s"], profile["backward_s"]
     if hvd.rank() != 0:
         return 0
     where = f"{device.type}, {n} processes on {hvd.cross_size()} host(s)"
@@ -130,23 +99,21 @@ def main(argv=None):
           f"{measured[-1][0] / 1e6:.1f} MB)")
     print(f"{args.arch}: {len(tensors)} gradient tensors, {total / 1e6:.1f} MB in fp32; a step of batch "
           f"{args.batch_size} computes in {compute_s * 1e3:.0f} ms here (backward {backward_s * 1e3:.0f} ms)")
-    print(f"predicted efficiency at np={n} (scaling model, overlap {OVERLAP} of backward; "
-          "1.0 = N times one process's images/s):")
+    print(f"predicted efficiency at np={n} (scaling model, Horovod; 1.0 = N times one process's images/s):")
     # The fitted bandwidth is what a collective achieves: efficiency 1 on top of it.
-    params = (1.0, latency, OVERLAP)
+    params = (1.0, latency)
     predicted = {}
     for name, flags in FLAG_SETS:
         point = dict(n=n, tensors=tensors, rate_bps=bandwidth, compute_s=compute_s, backward_s=backward_s,
-                     **flags)
-        comm = scaling_model.allreduce_s(n, tensors, bandwidth, params, flags.get("fp16", False),
-                                         flags.get("fusion", True), backward_s)
+                     ready=layer_profile.ready_times(profile), **flags)
         predicted[name] = scaling_model.efficiency(point, params)
-        print(f"  {name:<42} {predicted[name]:6.1%}   (allreduce {comm * 1e3:.0f} ms a step)")
+        exposed = scaling_model.step_s(point, params) - point.get("k", 1) * compute_s
+        print(f"  {name:<44} {predicted[name]:6.1%}   (allreduce not hidden: {exposed * 1e3:.0f} ms a step)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"n": n, "device": device.type, "bandwidth_bps": bandwidth, "latency_s": latency,
                        "measured": measured, "arch": args.arch, "tensors": len(tensors), "bytes": total,
-                       "compute_s": compute_s, "backward_s": backward_s, "overlap": OVERLAP,
+                       "compute_s": compute_s, "backward_s": backward_s, "profile": profile,
                        "predicted_efficiency": predicted}, f, indent=1)
     return 0
 

@@ -1,88 +1,175 @@
 """The scaling model: the time of one training step of data-parallel SGD on N processes, from
-the step's compute, its gradients and the network between the processes.
+the step's compute, when its gradients become ready, and the network between the processes.
 
     step      = k x compute + exposed
-    exposed   = max(0, allreduce - overlap x backward)      what training waits for
-    allreduce = messages x latency + 2 (N - 1) / N x bytes / bandwidth
+    exposed   = max(0, end of the last allreduce - end of the last backward pass)
+    allreduce = latency + 2 (N - 1) / N x bytes / bandwidth          (one message)
 
-Assumptions, each a simplification:
+The allreduces of a step run one after another while the last of its k backward passes goes on:
+each starts when its gradients are ready (for Horovod: at its next cycle) and the one before it
+has ended, so the backward pass hides what it can of them. Assumptions, each a simplification:
 - **Compute** (forward, backward and the optimizer step of one batch) is measured, not
-  modelled, on the same processes and N; k is --batches-per-allreduce, whose k backward
-  passes share one allreduce.
-- **The allreduce is a ring**: every process sends and receives 2 (N - 1) / N times the
-  gradients' bytes over its own link (Horovod's and NCCL's ring, Open MPI's large-message
-  allreduce), and the slowest link sets the pace. Across nodes of several GPUs that link is
-  the node's: a flat ring crosses it twice per node, so it carries the same 2 (N - 1) / N.
-  `bandwidth` is the link's rate times the fraction of it a collective achieves
-  (`efficiency`, fitted).
-- **Bytes and messages**: fp16 compression halves the bytes. Each message costs a fixed
-  `latency` (fitted). Without fusion (HOROVOD_FUSION_THRESHOLD=0) every gradient tensor is a
-  message; with it, Horovod sends in one message the tensors that became ready in the same
-  cycle (1 ms): as many messages as the cycles the last backward pass spans, at most one per
-  tensor.
-- **Overlap**: the allreduce runs while the last backward pass computes the remaining
-  gradients; a fraction `overlap` (fitted) of that pass hides communication, the rest of the
-  allreduce is exposed.
+  modelled; k is --batches-per-allreduce, whose k backward passes share one allreduce.
+- **When gradients are ready**: `ready`, [(seconds after the backward pass starts, bytes)]
+  for every gradient tensor in the order the pass makes them, from a layer profile
+  (tools/layer_profile.py). Without one, the tensors, last layer first, are taken as ready at
+  even steps through the backward pass. Under --compile (`compiled`) Horovod's hooks fire when
+  the compiled backward pass ends: every gradient is ready then. DDP's compiled wrapper is split
+  into one graph per bucket (DDPOptimizer), so its buckets become ready as in eager mode.
+- **Messages**: Horovod (`port` "horovod") wakes every cycle (1 ms) and sends in one fused
+  message every tensor ready by then (up to the fusion buffer, 128 MB); with fusion off
+  (HOROVOD_FUSION_THRESHOLD=0) each of them is a message of its own. While a message is on
+  the wire the next cycle waits for it. The cycles keep their grid from step to step, so where
+  a step falls against them settles into a pattern: the model simulates consecutive steps and
+  takes the mean of the later ones, averaged over where the grid started. DDP (`port` "ddp")
+  sends a bucket as soon as its last tensor is ready: buckets of 25 MB (the first 1 MB) filled
+  in the order tensors become ready. fp16 compression halves the bytes.
+- **The allreduce is a ring**: every process sends and receives 2 (N - 1) / N times a
+  message's bytes over its own link (Horovod's, gloo's and NCCL's ring), and the slowest link
+  sets the pace. Across nodes of several GPUs that link is the node's: a flat ring crosses it
+  twice per node, so it carries the same 2 (N - 1) / N. `bandwidth` is the link's rate times
+  the fraction of it a collective achieves (`efficiency`, fitted); each message costs a fixed
+  `latency` (fitted).
 
-`fit` chooses (efficiency, latency, overlap) to minimise the largest relative error of the
-step time over the points given; `predict` applies them.
+`fit` chooses (efficiency, latency) to minimise the largest relative error of the step time
+over the points given; `predict` applies them.
 """
 import itertools
 import math
 
 CYCLE_S = 0.001  # Horovod's default HOROVOD_CYCLE_TIME
 FUSION_BYTES = 128 * 1024 * 1024  # Horovod's default HOROVOD_FUSION_THRESHOLD
+DDP_BUCKET_BYTES = 25 * 1024 * 1024  # DistributedDataParallel's bucket_cap_mb
+DDP_FIRST_BUCKET_BYTES = 1024 * 1024  # and its first bucket's
+PHASES = 4  # starting phases of Horovod's cycles averaged over
+STEPS, SETTLE = 10, 4  # Horovod's steps simulated, and the first ones left out of the mean
+
+# (efficiency, latency s) as the figure scaling_model_heldout_error fitted them on the emulator
+# (benchmarks/results/RESULTS.md): what tools/emulate.py predicts with.
+FITTED = (0.94, 0.0)
 
 
-def messages(tensors, fusion, backward_s):
-    """Allreduce messages per step: one per tensor without fusion; with it, one per cycle the
-    backward pass spans (tensors ready in one cycle go together), at most one per tensor, and
-    at least one per fusion buffer."""
+def ready_times(point):
+    """[(seconds after the last backward pass starts, bytes)] of the gradient tensors in the
+    order they become ready (see the module's docstring)."""
+    if point.get("compiled") and point.get("port", "horovod") == "horovod":
+        return [(point["backward_s"], b) for b in reversed(point["tensors"])]
+    if point.get("ready"):
+        return sorted(point["ready"], key=lambda r: r[0])
+    tensors = list(reversed(point["tensors"]))
+    return [(point["backward_s"] * (i + 1) / len(tensors), b) for i, b in enumerate(tensors)]
+
+
+def message_s(n, nbytes, rate_bps, params, fp16=False):
+    """Seconds of one allreduce message of nbytes (fp32) over n processes."""
+    efficiency, latency = params[:2]
+    return latency + 2 * (n - 1) / n * nbytes * (0.5 if fp16 else 1.0) * 8 / (rate_bps * efficiency)
+
+
+def ddp_buckets(sizes):
+    """The bucket of each tensor, given their bytes in the order they become ready: DDP's
+    buckets, and the graphs a compiled DDP model is split into (DDPOptimizer), close when they
+    hold the cap (the first bucket's 1 MB, then 25 MB)."""
+    out, size, bucket = [], 0, 0
+    for b in sizes:
+        out.append(bucket)
+        size += b
+        if size >= (DDP_FIRST_BUCKET_BYTES if bucket == 0 else DDP_BUCKET_BYTES):
+            size, bucket = 0, bucket + 1
+    return out
+
+
+def ddp_end(ready, send):
+    """When DDP's last bucket is reduced: each bucket sent when its last tensor is ready, after
+    the bucket before it."""
+    buckets = {}
+    for (t, b), i in zip(ready, ddp_buckets([b for _, b in ready])):
+        at, size = buckets.get(i, (0.0, 0))
+        buckets[i] = (max(at, t), size + b)
+    end = 0.0
+    for i in sorted(buckets):
+        t, b = buckets[i]
+        end = max(end, t) + send(b)
+    return end
+
+
+def fused(batch, fusion):
+    """The messages of one cycle's tensors: fused up to the fusion buffer, or one a tensor."""
     if not fusion:
-        return len(tensors)
-    per_buffer = math.ceil(sum(tensors) / FUSION_BYTES)
-    return max(per_buffer, min(len(tensors), math.ceil(backward_s / CYCLE_S)))
+        return batch
+    messages, size = [0], 0
+    for b in batch:
+        if size + b > FUSION_BYTES and messages[-1]:
+            messages.append(0)
+            size = 0
+        messages[-1] += b
+        size += b
+    return messages
 
 
-def allreduce_s(n, tensors, rate_bps, params, fp16=False, fusion=True, backward_s=0.0):
-    """Seconds of one allreduce of the gradients (`tensors`: their fp32 bytes) over n
-    processes on links of rate_bps bits per second."""
-    if n < 2:
-        return 0.0
-    efficiency, latency, _ = params
-    nbytes = sum(tensors) * (0.5 if fp16 else 1.0)
-    ring = 2 * (n - 1) / n * nbytes * 8 / (rate_bps * efficiency)
-    return messages(tensors, fusion, backward_s) * latency + ring
+def horovod_step_s(point, ready, send, phase):
+    """Horovod's step time in the steady state: consecutive steps simulated, their mean period
+    after the first few. Its background thread wakes on a grid of cycles (phase, phase + cycle,
+    ...) that a message on the wire shifts: the next cycle starts when it ends. Each cycle sends
+    what has become ready; synchronize() waits for the last message, then the optimizer step,
+    the next forward passes and backward passes until the last one starts."""
+    cycle, fusion, backward = point.get("cycle_s", CYCLE_S), point.get("fusion", True), point["backward_s"]
+    lead = point.get("k", 1) * point["compute_s"] - backward  # from one step's wait to the next last backward
+    tick, done, periods = phase, 0.0, []
+    for _ in range(STEPS):
+        start, i, last = done + lead, 0, 0.0
+        while i < len(ready):
+            at = start + ready[i][0]
+            if at > tick + 1e-12:  # nothing new this cycle: the first one that has something
+                tick += math.ceil((at - tick) / cycle - 1e-9) * cycle
+            batch = []
+            while i < len(ready) and start + ready[i][0] <= tick + 1e-12:
+                batch.append(ready[i][1])
+                i += 1
+            last = tick + sum(send(b) for b in fused(batch, fusion))
+            tick = max(tick + cycle, last)
+        end = max(last, start + backward)
+        periods.append(end - done)
+        done = end
+    return sum(periods[SETTLE:]) / (STEPS - SETTLE)
 
 
 def step_s(point, params):
-    """The model's step time for a point: a dict with n, tensors, rate_bps, compute_s and
-    backward_s (one batch, measured), k, fp16, fusion."""
-    k = point.get("k", 1)
-    comm = allreduce_s(point["n"], point["tensors"], point["rate_bps"], params, point.get("fp16", False),
-                       point.get("fusion", True), point["backward_s"])
-    exposed = max(0.0, comm - params[2] * point["backward_s"])
-    return k * point["compute_s"] + exposed
+    """The model's step time for a point: a dict with n, tensors (fp32 bytes of each gradient,
+    in the model's parameter order), rate_bps, compute_s and backward_s (one batch, measured);
+    optional: ready, k, fp16, fusion, compiled, port, cycle_s."""
+    k_compute = point.get("k", 1) * point["compute_s"]
+    if point["n"] < 2:
+        return k_compute
+    ready = ready_times(point)
+
+    def send(nbytes):
+        return message_s(point["n"], nbytes, point["rate_bps"], params, point.get("fp16", False))
+    if point.get("port", "horovod") == "ddp":
+        return k_compute + max(0.0, ddp_end(ready, send) - point["backward_s"])
+    cycle = point.get("cycle_s", CYCLE_S)
+    return sum(horovod_step_s(point, ready, send, cycle * p / PHASES) for p in range(PHASES)) / PHASES
 
 
 def relative_errors(points, params):
     return [abs(step_s(p, params) - p["step_s"]) / p["step_s"] for p in points]
 
 
-GRID = {"efficiency": [x / 100 for x in range(40, 101, 2)],
-        "latency": [0.0] + [10 ** (e / 4) * 1e-6 for e in range(0, 17)],  # 1 us .. 10 ms
-        "overlap": [x / 20 for x in range(0, 21)]}
+GRID = {"efficiency": [x / 100 for x in range(40, 101, 5)],
+        "latency": [0.0] + [10 ** (e / 4) * 1e-6 for e in range(0, 17, 2)]}  # 1 us .. 10 ms
 
 
 def fit(points):
-    """(efficiency, latency, overlap) minimising the largest relative error of the step time
-    over `points` (each with its measured step_s), by a search over a grid of each."""
-    best = None
-    for params in itertools.product(GRID["efficiency"], GRID["latency"], GRID["overlap"]):
-        worst = max(relative_errors(points, params))
-        if best is None or worst < best[0]:
-            best = (worst, params)
-    return best[1]
+    """(efficiency, latency) minimising the largest relative error of the step time over
+    `points` (each with its measured step_s): a search over a coarse grid of each, then over a
+    finer one around the best."""
+    def search(efficiencies, latencies):
+        return min(((max(relative_errors(points, params)), params)
+                    for params in itertools.product(efficiencies, latencies)), key=lambda x: x[0])[1]
+    e, lat = search(GRID["efficiency"], GRID["latency"])
+    fine_e = [round(e + x / 100, 2) for x in range(-5, 6) if 0 < e + x / 100 <= 1.0]
+    fine_lat = [0.0] if lat == 0 else [lat * 10 ** (x / 16) for x in range(-4, 5)]
+    return search(fine_e, [0.0, *fine_lat] if lat < 2e-6 else fine_lat)
 
 
 def efficiency(point, params):

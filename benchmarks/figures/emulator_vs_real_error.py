@@ -1,0 +1,123 @@
+"""Figure emulator_vs_real_error: the emulator (tools/emulate.py) against the real trainers,
+where both run here: 2 namespace hosts, one rank and one core each, links shaped to a known rate.
+
+Each repeat runs, side by side on the same hosts, the real trainer with --profile-steps
+(main_horovod.py under horovodrun --gloo, main_ddp.py under a torchrun per host; synthetic data,
+one thread a rank), then the emulator with time undilated (D = 1), its layers given that run's
+own measured forward, backward and optimizer-step medians, split over the layers in the
+proportions of a CPU layer profile of the same model and batch (tools/layer_profile.py, one
+thread). DDP's backward phase holds its wait for the allreduce, so there the backward is the
+profile's, scaled by the run's forward against the profile's forward. A step is the sum of the
+four phases' medians on rank 0, for both. Two models: LeNet (0.25 MB of gradients, steps of tens
+of ms) and ResNet-18 (44.7 MB, steps of seconds), each at a rate where the allreduce takes about
+as long as the backward pass.
+
+The figure is the largest, over models and ports, of the median relative error of the emulated
+step against the real one; each repeat's value is its largest error. What the emulator cannot
+see shows here: in the real runs compute and the allreduce share each rank's core, and the
+other work on this shared machine delays ranks at random, so the other rank is late to the
+allreduce (stragglers); the emulator's ranks sleep on time.
+"""
+import os
+import shutil
+import tempfile
+
+from benchmarks import harness, trainer_runs
+from tools import emulate, layer_profile
+
+NAME = "emulator_vs_real_error"
+GOAL = ("<=", 0.10)
+DESCRIPTION = "emulator: largest median relative error of the step time against the real trainers at 2 hosts"
+# Per model: batch, link rate (Mbit/s), profiled steps.
+MODELS = {"lenet": (256, 25, 20), "resnet18": (16, 150, 6)}
+FULL = dict(models=MODELS, ports=("horovod", "ddp"), repeats=3)
+QUICK = dict(models={"lenet": (64, 100, 5)}, ports=("horovod",), repeats=1)
+PHASES = ("forward", "backward", "allreduce-wait", "optimizer-step")
+
+
+def real_run(hosts, port, arch, batch, steps, data_dir, ckpt, work):
+    """{phase: median seconds} of the real trainer across the hosts, from --profile-steps."""
+    script = os.path.join(harness.ROOT, "main_horovod.py" if port == "horovod" else "main_ddp.py")
+    flags = ["--arch", arch, "--dataset", "synthetic", "--synthetic-size", str(2 * batch * steps),
+             "--data-dir", data_dir, "--epochs", "1", "--batch-size", str(batch), "--lr", "0.01",
+             "--warmup-epochs", "0", "--profile-steps", str(steps), "--checkpoint-dir", ckpt]
+    out = emulate.launch(hosts, port, [script, *flags], {}, timeout=1200, work=work)
+    shutil.rmtree(ckpt, ignore_errors=True)
+    ms = trainer_runs.profile_ms(out)
+    if ms is None:
+        raise RuntimeError(f"no profile line from the {port} run:\n{out[-3000:]}")
+    return {p: ms[p] / 1e3 for p in PHASES}
+
+
+def compute_backward(profile, real, port):
+    """The real run's backward compute: Horovod's backward phase; DDP's holds the wait for its
+    last buckets, so its backward is the profile's, scaled by the run's forward against the
+    profile's (the speed of this machine during the run)."""
+    if port == "horovod":
+        return real["backward"]
+    return profile["backward_s"] * real["forward"] / profile["forward_s"]
+
+
+def repeat(hosts, port, arch, batch, mbit, steps, base, folder, rep):
+    """One repeat of one model and port: the real run, then the emulator given its phases."""
+    load = os.getloadavg()[0]
+    real = real_run(hosts, port, arch, batch, steps, os.path.join(folder, "data"), os.path.join(folder, "ck"), folder)
+    prof = layer_profile.fitted(base, real["forward"], compute_backward(base, real, port), real["optimizer-step"],
+                                f"the real {port} run's phases")
+    emu = emulate.run_plan(hosts, port, [emulate.case("real", prof, steps=steps - 1, warmup=1)], 1.0,
+                           timeout=1200)[0]["phases_s"]
+    real_s, emu_s = sum(real.values()), sum(emu[p] for p in PHASES)
+    harness.log(f"{arch}, {port}, repeat {rep + 1}: real {real_s * 1e3:.1f} ms "
+                f"({', '.join(f'{p} {v * 1e3:.1f}' for p, v in real.items())}), emulated {emu_s * 1e3:.1f} ms "
+                f"(allreduce-wait {emu['allreduce-wait'] * 1e3:.1f})")
+    return {"arch": arch, "port": port, "repeat": rep, "batch": batch, "mbit": mbit, "real_s": real_s,
+            "emulated_s": emu_s, "error": (emu_s - real_s) / real_s, "real_phases_s": real,
+            "emulated_phases_s": emu, "load_average": load}
+
+
+def run(cfg, ctx):
+    if os.geteuid() != 0:
+        return {"value": None, "skipped": "needs root, for the namespace hosts"}
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the layer profile as one rank computes, one thread
+    try:
+        base = {arch: layer_profile.measure(arch, batch, steps=3) for arch, (batch, _, _) in cfg["models"].items()}
+    finally:
+        torch.set_num_threads(threads)
+    rows = []
+    folder = tempfile.mkdtemp(prefix="cifar-emulate-")
+    try:
+        for arch, (batch, mbit, steps) in cfg["models"].items():
+            with emulate.Hosts(2, mbit * 1e6, folder) as hosts:
+                for rep in range(cfg["repeats"]):
+                    rows += [repeat(hosts, port, arch, batch, mbit, steps, base[arch], folder, rep)
+                             for port in cfg["ports"]]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    cases = sorted({(r["arch"], r["port"]) for r in rows})
+    medians = {f"{a} {p}": harness.median([abs(r["error"]) for r in rows if (r["arch"], r["port"]) == (a, p)])
+               for a, p in cases}
+    repeats = [max(abs(r["error"]) for r in rows if r["repeat"] == i) for i in range(cfg["repeats"])]
+    models = {a: {"batch": b, "mbit": m, "profile_steps": s} for a, (b, m, s) in cfg["models"].items()}
+    return {"value": max(medians.values()), "repeats": repeats, "median_error": medians, "rows": rows,
+            "setup": {"models": models, "ports": list(cfg["ports"]), "repeats": cfg["repeats"],
+                      "profile": {a: p["source"] for a, p in base.items()}}}
+
+
+def markdown(fig):
+    s = fig["setup"]
+    L = ["2 namespace hosts, one rank and one core each; "
+         + "; ".join(f"{a} at batch {m['batch']}, links of {m['mbit']} Mbit/s, {m['profile_steps']} profiled steps"
+                     for a, m in s["models"].items())
+         + f". {s['repeats']} repeats, each the real run and then the emulator given its measured phases.", "",
+         "Median relative error of the emulated step by model and port: "
+         + ", ".join(f"{k} {v:.3f}" for k, v in fig["median_error"].items()) + ".", "",
+         "| model | port | repeat | real step ms | emulated ms | error | real allreduce-wait ms | emulated | "
+         "load average |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in fig["rows"]:
+        wait = (r["real_phases_s"]["allreduce-wait"], r["emulated_phases_s"]["allreduce-wait"])
+        L.append(f"| {r['arch']} | {r['port']} | {r['repeat'] + 1} | {r['real_s'] * 1e3:.1f} | "
+                 f"{r['emulated_s'] * 1e3:.1f} | {r['error']:+.3f} | {wait[0] * 1e3:.1f} | {wait[1] * 1e3:.1f} | "
+                 f"{r['load_average']:.1f} |")
+    return L + [""]
