@@ -3,7 +3,8 @@
 On a GPU the model trains in channels_last by default, and Horovod's collectives refuse
 its weights, gradients and momentum buffers as they are (layout.py). The CPU runs the same
 layout with --channels-last, so every collective the port makes is exercised here: the
-start-up broadcasts, the gradient allreduce (plain, fp16, accumulated, Adasum), the
+start-up broadcasts, the gradient allreduce (plain, fp16, accumulated; Adasum's is in
+test_main_horovod.py's Adasum run), the
 optimizer-state broadcast of a resume, and the elastic state sync.
 """
 import os
@@ -73,13 +74,6 @@ def test_fp16_allreduce_and_batches_per_allreduce(data_dir, tmp_path):
                                          "--batches-per-allreduce", 2, "--warmup-epochs", 0, epochs=1),
                           probe=tmp_path))
     ranks_identical(tmp_path)
-
-
-def test_adasum_under_mpi(data_dir, tmp_path):
-    assert_ok(run_horovod(2, common_args(data_dir, tmp_path / "ck", CL, "--use-adasum", epochs=1), "mpirun",
-                          probe=tmp_path))
-    ranks = ranks_identical(tmp_path)
-    assert ranks[0]["size"] == 2
 
 
 def test_elastic_state_sync(data_dir, tmp_path):

@@ -83,7 +83,7 @@ def test_lr_after_warmup_is_lr_times_size(np2_run):
     assert float(rows[1]["lr"]) == pytest.approx(0.05)
 
 
-@pytest.mark.parametrize("np_", [1, 3])
+@pytest.mark.parametrize("np_", [3])  # np=1: main.py's resume of the np=2 run, below
 def test_resume_at_another_world_size(np2_run, data_dir, tmp_path, np_):
     import shutil
     ck = tmp_path / "ck"
@@ -114,28 +114,31 @@ def test_resume_without_lr_rescales_the_saved_schedule(np2_run, data_dir, tmp_pa
     assert rows[2]["world_size"] == "1"
 
 
-def test_evaluate_is_identical_at_np_1_2_3(np2_run, data_dir):
+def test_evaluate_is_identical_at_np_1_and_3(np2_run, data_dir):
+    # 100 test images over 3 ranks: shards of 34, 33 and 33 (np=2's even halves prove less).
     ck, _ = np2_run
     args = ["--evaluate", *common_args(data_dir, ck)]
     results = []
-    for np_ in (1, 2, 3):
+    for np_ in (1, 3):
         r = assert_ok(run_horovod(np_, args))
         results.append(parse_eval(last_line(r.stdout).split(":", 1)[-1]))
     losses, accs, images = zip(*results)
-    assert images == (100, 100, 100), "100 test images: each counted once, none padded"
-    assert accs[0] == accs[1] == accs[2]
+    assert images == (100, 100), "100 test images: each counted once, none padded"
+    assert accs[0] == accs[1]
     assert max(losses) - min(losses) <= 1e-6 * max(losses)
 
 
 def test_np1_without_launcher_and_horovodrun_mpi_with_adasum(data_dir, tmp_path):
     assert_ok(run_horovod(1, common_args(data_dir, tmp_path / "a", epochs=1), "python"))
     assert read_metrics(tmp_path / "a")[0]["world_size"] == "1"
-    # Adasum needs the MPI controller and no LR scaling on CPU.
-    assert_ok(run_horovod(2, common_args(data_dir, tmp_path / "b", "--use-adasum", epochs=1), "mpi"))
+    # Adasum on the MPI controller (the gloo refusal is tests/test_hvd_port.py's), no LR scaling
+    # on the CPU, in the GPU's channels_last layout, whose tensors Adasum's collective must take
+    # as the others do (tests/test_channels_last.py has the rest of that family).
+    assert_ok(run_horovod(2, common_args(data_dir, tmp_path / "b", "--use-adasum", "--channels-last", epochs=1),
+                          "mpi", probe=tmp_path))
     row = read_metrics(tmp_path / "b")[0]
     assert row["world_size"] == "2" and float(row["lr"]) == pytest.approx(0.05)
-    r = run_horovod(2, common_args(data_dir, tmp_path / "c", "--use-adasum", epochs=1), "gloo")
-    assert r.returncode != 0 and "--use-adasum needs Horovod's MPI controller" in r.stderr
+    assert_ranks_identical(load_ranks(tmp_path, 2))
 
 
 def test_fp16_allreduce_batches_per_allreduce_and_amp(data_dir, tmp_path):
@@ -181,11 +184,7 @@ def test_target_accuracy_at_np2_and_after_a_resume(np2_run, data_dir, tmp_path):
                                              epochs=4)))
     assert [x["epoch"] for x in read_metrics(resumed)] == ["1", "2"]
     assert f"reached at epoch {want} after" in r.stdout
-    # One that cannot reach it trains on to --stop-at and says it was not reached.
-    r = assert_ok(run_horovod(2, common_args(data_dir, resumed, "--resume", "--target-acc", 1.0,
-                                             "--stop-at", 3, epochs=4)))
-    assert [x["epoch"] for x in read_metrics(resumed)] == ["1", "2", "3"]
-    assert "target test accuracy 1 not reached by epoch 3" in r.stdout
+    # A target not reached is the run log's to say (tests/test_runlog.py).
 
 
 def test_evaluation_with_more_ranks_than_test_images_is_exact(np2_run, tmp_path):

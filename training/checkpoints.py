@@ -82,11 +82,12 @@ def save_checkpoint(path, state):
 
 
 def not_a_checkpoint(path):
-    """True when the file is neither torch.save's zip archive nor a legacy pickle (which starts
-    with the pickle protocol byte): random bytes, or a file cut before its first record."""
+    """True when the file is neither torch.save's zip archive nor its legacy format (a pickle
+    of protocol 2, which starts with bytes 0x80 0x02): random bytes, or a file cut before its
+    first record."""
     with open(path, "rb") as f:
-        head = f.read(1)
-    return not zipfile.is_zipfile(path) and head != b"\x80"
+        head = f.read(2)
+    return not zipfile.is_zipfile(path) and head != b"\x80\x02"
 
 
 def load_checkpoint(path):

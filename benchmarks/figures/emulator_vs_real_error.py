@@ -38,7 +38,7 @@ PHASES = ("forward", "backward", "allreduce-wait", "optimizer-step")
 def real_run(hosts, port, arch, batch, steps, data_dir, ckpt, work):
     """{phase: median seconds} of the real trainer across the hosts, from --profile-steps."""
     script = os.path.join(harness.ROOT, "main_horovod.py" if port == "horovod" else "main_ddp.py")
-    flags = ["--arch", arch, "--dataset", "synthetic", "--synthetic-size", str(2 * batch * steps),
+    flags = ["--arch", arch, "--dataset", "synthetic", "--synthetic-size", str(-(-2 * batch * steps // 5) * 5),
              "--data-dir", data_dir, "--epochs", "1", "--batch-size", str(batch), "--lr", "0.01",
              "--warmup-epochs", "0", "--profile-steps", str(steps), "--checkpoint-dir", ckpt]
     out = emulate.launch(hosts, port, [script, *flags], {}, timeout=1200, work=work)

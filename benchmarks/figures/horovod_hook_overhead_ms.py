@@ -33,7 +33,7 @@ SIDES = {
     "hooks, 0.1 ms cycle": ("hvd-hooks", {"HOROVOD_CYCLE_TIME": "0.1"}, []),
     "hooks, elastic mode": ("hvd", {"HOROVOD_ELASTIC": "1"}, []),
 }
-FULL = dict(trainer_runs.FULL, train_batch=16, train_epochs=4, hooks_repeats=5, hooks_sides=list(SIDES))
+FULL = dict(trainer_runs.FULL, train_batch=16, train_epochs=4, hooks_repeats=3, hooks_sides=list(SIDES))
 QUICK = dict(trainer_runs.QUICK, train_batch=16, hooks_repeats=1, hooks_sides=["main.py", "hooks"])
 
 
