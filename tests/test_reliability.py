@@ -67,20 +67,12 @@ def snapshot(folder):
 # Bad input: one line, non-zero exit, nothing changed on disk
 
 @pytest.mark.parametrize("flags,needle", [
-    (["--epochs", "0"], "--epochs must be positive"),
-    (["--batch-size", "-4"], "--batch-size must be positive"),
-    (["--lr", "0"], "--lr must be a positive number"),
-    (["--lr", "nan"], "--lr must be a positive number"),
-    (["--epochs", "x"], "invalid int value"),
-    (["--stop-at", "9"], "--stop-at must be between 1 and --epochs"),
-    (["--dataset", "imagenet"], "invalid choice"),
-    (["--arch", "resnet9000"], "unknown --arch"),
-    (["--resume", "--overwrite"], "do not go together"),
-    (["--sync-bn"], "--sync-bn needs CUDA"),
+    (["--epochs", "x"], "invalid int value"),  # argparse's own check
+    (["--stop-at", "9"], "--stop-at must be between 1 and --epochs"),  # the trainer's
 ])
 def test_bad_flags_are_usage_errors(data_dir, tmp_path, flags, needle):
-    args = common_args(data_dir, tmp_path / "ck") + flags
-    r = run_horovod(1, args, "python") if "--sync-bn" in flags else run_main(args)
+    # How a usage error ends the process; every check's own message is tests/test_cli.py's.
+    r = run_main(common_args(data_dir, tmp_path / "ck") + flags)
     assert_one_line_error(r, needle, code=2)
     assert not (tmp_path / "ck").exists()
 

@@ -94,8 +94,9 @@ def test_an_error_that_one_rank_of_a_run_meets_ends_that_run_alone(data_dir, tmp
 
 def test_four_runs_queue_on_two_single_process_groups_each_the_run_alone(data_dir, tmp_path):
     # mpirun -np 2, --ranks-per-run 1: two groups take the four runs from the queue, the second
-    # two after a first. Every line a run prints names it; each run's weights are those of the
-    # same run alone at np=1, with the same threads (one) per process.
+    # two after a first. Every line a run prints names it; a run's weights are those of the same
+    # run alone at np=1, with the same threads (one) per process (two of the four, which between
+    # them hold each seed and each LR).
     ck = tmp_path / "ck"
     r = assert_ok(run(sweep_cmd(2, [*common_args(data_dir, ck), "--sweep", "seed=0,1", "--sweep", "lr=0.1,0.2",
                                     "--ranks-per-run", 1], "mpirun"), timeout=300, env_extra=ONE_THREAD))
@@ -105,7 +106,7 @@ def test_four_runs_queue_on_two_single_process_groups_each_the_run_alone(data_di
     assert {x["ranks"] for x in rows.values()} == {"0", "1"}, rows  # each group took runs
     epoch_lines = [ln for ln in r.stdout.splitlines() if re.search(r"\bepoch \d/2 ", ln)]
     assert len(epoch_lines) == 8 and all(re.match(r"seed=[01] lr=0\.[12] epoch [12]/2 ", ln) for ln in epoch_lines)
-    for name in names:
+    for name in ("seed0_lr0.1", "seed1_lr0.2"):
         seed, lr = re.match(r"seed(\d)_lr([\d.]+)", name).groups()
         alone = tmp_path / f"alone-{name}"
         assert_ok(run([PY, "main_horovod.py", *common_args(data_dir, alone, "--seed", seed, lr=lr)],

@@ -190,11 +190,14 @@ def target_line(history, target):
 
 
 def plot_curves(history, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """curves.png: loss, accuracy, LR, speed and accuracy against time. Drawn on a bare Figure
+    with a fixed layout: no pyplot state, and no layout pass that renders the text twice
+    (pyplot and tight_layout cost a run about a second more)."""
+    from matplotlib.figure import Figure
     ep = [r["epoch"] for r in history]
-    fig, ax = plt.subplots(2, 3, figsize=(14, 7))
+    fig = Figure(figsize=(14, 7))
+    ax = fig.subplots(2, 3)
+    fig.subplots_adjust(left=0.05, right=0.98, bottom=0.08, top=0.95, wspace=0.22, hspace=0.35)
     ax[0, 0].plot(ep, [r["train_loss"] for r in history], label="train")
     ax[0, 0].plot(ep, [r["test_loss"] for r in history], label="test")
     ax[0, 0].set_title("loss")
@@ -215,9 +218,7 @@ def plot_curves(history, path):
     ax[1, 2].axis("off")
     ax[0, 0].legend()
     ax[0, 1].legend()
-    fig.tight_layout()
     atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=80))
-    plt.close(fig)
 
 
 def evaluation_line(test):
