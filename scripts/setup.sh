@@ -23,7 +23,8 @@ die() { printf '[setup] error: %s\n' "$*" >&2; exit 1; }
 
 # Without TORCH, a .venv made for another Python's torch keeps it: `make test` after
 # `make setup TORCH=system PYTHON=...` does not rebuild it on the pinned torch.
-if [ -z "${TORCH:-}" ] && read -r kept kept_python < "$VENV/torch-mode.txt" 2>/dev/null \
+if [ -z "${TORCH:-}" ] && [ -f "$VENV/torch-mode.txt" ] \
+        && read -r kept kept_python < "$VENV/torch-mode.txt" \
         && [ "$kept" = system ] && [ -x "$kept_python" ]; then
     TORCH=system PYTHON=${PYTHON:-$kept_python}
 fi

@@ -65,8 +65,7 @@ def run_in_group(main, argv, group, head, what):
     except TrainerError as e:
         why = str(e)
         if group.Get_rank() == 0 or not e.every_rank:  # one rank's own error: that rank says it
-            print(f"{os.path.basename(sys.argv[0])}: error: {what}: {e}", file=sys.stderr,
-                  flush=True)
+            launch.say(f"{os.path.basename(sys.argv[0])}: error: {what}: {e}")
     except Exception as e:  # a collective of this run failed because another of its ranks did
         if not launch.peer_failed(e):
             raise

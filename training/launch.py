@@ -145,6 +145,14 @@ def run_cli(main, argv=None, finish=None):
             signal.signal(signum, handler)
 
 
+def say(line):
+    """One line to stderr in one write: print() writes the text and its newline apart, and a
+    launcher or another rank sharing the stream (torchrun's agent, srun's output file) can
+    write between the two."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def _exit_status(main, argv, finish, prog, where):
     try:
         try:
@@ -160,9 +168,9 @@ def _exit_status(main, argv, finish, prog, where):
         # An error every rank meets alike (a usage error, a divergence) is said by rank 0
         # alone; others may be one rank's alone, so each says which rank it is.
         if not e.every_rank:
-            print(f"{prog}: error{where}: {e}", file=sys.stderr, flush=True)
+            say(f"{prog}: error{where}: {e}")
         elif launcher_rank() == 0:
-            print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
+            say(f"{prog}: error: {e}")
         return e.exit_code
     except Exception as e:
         # A collective fails on the surviving ranks when another rank failed or died, which
@@ -170,13 +178,11 @@ def _exit_status(main, argv, finish, prog, where):
         # each names the failure, so that at least one line holds the cause.
         if not peer_failed(e) or "--debug" in argv:
             raise
-        print(f"{prog}: error{where}: {PEER_FAILED}: {cause(e)} ({PEER_HINT})", file=sys.stderr,
-              flush=True)
+        say(f"{prog}: error{where}: {PEER_FAILED}: {cause(e)} ({PEER_HINT})")
         return 1
     except KeyboardInterrupt as e:  # Ctrl-C, or a stop signal
         # (128 + its number, as shells report it)
         signum = e.signum if isinstance(e, Terminated) else signal.SIGINT
         how = f" by {signal.Signals(signum).name}" if isinstance(e, Terminated) else ""
-        print(f"{prog}: interrupted{where}{how}; the last finished epoch is in the checkpoint",
-              file=sys.stderr, flush=True)
+        say(f"{prog}: interrupted{where}{how}; the last finished epoch is in the checkpoint")
         return 128 + signum
