@@ -143,7 +143,7 @@ else
         "$PY" -m pip install -q "uv==$UV_VERSION"
         # --compile-bytecode: every module's .pyc now, once. uv writes none by default, and a
         # Python run with PYTHONDONTWRITEBYTECODE=1 (as many CI images set) never writes them, so
-        # each process compiled torch's modules anew: about 2.4 s more per start measured here.
+        # each process compiled torch's modules anew: about 2.4 s more per start on 2 cores.
         "$PY" -m uv pip install --python "$PY" -q --compile-bytecode -r requirements.txt
         sha256sum requirements.txt > "$req_stamp"
     fi
