@@ -124,3 +124,11 @@ def test_target_accuracy_ends_the_run_at_the_first_epoch_that_reaches_it(trained
     seconds = float(rows[0]["train_time_s"])
     assert last_line(r.stdout) == \
         f"target test accuracy {target:g} reached at epoch 1 after {seconds:.1f} s of training"
+    # A resume whose saved history already reached it trains nothing more and says so.
+    import shutil
+    resumed = tmp_path / "resumed"
+    shutil.copytree(ckpt, resumed)
+    r = run_main(common_args(data_dir, resumed, "--resume", "--target-acc", target, epochs=4))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert [x["epoch"] for x in read_metrics(resumed)] == ["1", "2"]
+    assert "reached at epoch 1 after" in r.stdout, r.stdout[-2000:]

@@ -162,8 +162,8 @@ def test_target_accuracy_at_np2(np2_run, data_dir, tmp_path):
     assert [x["epoch"] for x in read_metrics(fresh)] == ["1"]
     said = [ln for ln in r.stdout.splitlines() if "target test accuracy" in ln]
     assert len(said) == 1 and f"reached at epoch {want} after" in said[0], r.stdout[-2000:]
-    # A resume whose history already reached it runs the same check on the saved history
-    # (tests/test_runlog.py); a target not reached is the run log's to say too.
+    # A resume whose history already reached it: tests/test_main.py, the same loop code; a target
+    # not reached is the run log's to say (tests/test_runlog.py).
 
 
 def test_evaluation_with_more_ranks_than_test_images_is_exact(np2_run, tmp_path):
