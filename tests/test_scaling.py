@@ -16,7 +16,7 @@ import time
 import pytest
 
 from helpers import PY, ROOT, LocalCluster, assert_ok, run
-from tools import scaling_model
+from tools import allreduce, scaling_model
 
 RATE_MBIT = 50
 SERVER = """
@@ -112,3 +112,18 @@ def test_the_model_hides_what_the_backward_pass_covers_and_no_more():
     fast = scaling_model.step_s(dict(point, port="ddp", rate_bps=2 * point["rate_bps"]), params)
     assert fast == pytest.approx(6.5e-3)
     assert scaling_model.step_s(dict(point, port="ddp", fp16=True), params) == pytest.approx(fast)
+
+
+def test_the_probe_fits_a_linear_link_exactly_and_a_bent_one_near_its_rate():
+    # 1 ms a message and 100 Mbit/s at 4 processes, at the sizes the probe takes for LeNet.
+    n, rate, lat = 4, 100e6, 1e-3
+    line = [(b, lat + 2 * (n - 1) / n * b * 8 / rate) for b in allreduce.sizes(242_460)]
+    assert allreduce.fit_line(n, line) == pytest.approx((lat, rate))
+    # One of the largest sizes came out 30% slow: the fit does not move.
+    slow = line[:-2] + [(line[-2][0], line[-2][1] * 1.3), line[-1]]
+    assert allreduce.fit_line(n, slow) == pytest.approx((lat, rate))
+    # The probe's times (ms) at 2 processes over the 50 Mbit/s links of the test above: the
+    # token bucket passes up to 62 KB at once, so the small sizes take only the latency.
+    ms = [1.2, 1.2, 1.1, 1.0, 1.4, 5.5, 10.3, 15.4, 25.1, 41.3]
+    latency, bandwidth = allreduce.fit_line(2, [(b, t / 1e3) for b, t in zip(allreduce.sizes(242_460), ms)])
+    assert 0 < latency < 1.2e-3 and 0.9 * 50e6 < bandwidth < 1.1 * 50e6, (latency, bandwidth)

@@ -8,11 +8,12 @@ how well training scales there.
 Every process allreduces float32 tensors of sizes from a few KB up to all of the model's
 gradients, as the trainer would (GPUs with NCCL where there are GPUs, else the CPU), and takes
 the fastest time of each size. A line through them, time = latency + 2 (N - 1) / N x bytes /
-bandwidth, gives the network's bandwidth and per-message latency as one ring allreduce sees
-them. Rank 0 then profiles the model's layers on its own device (tools/layer_profile.py: the
-step's compute, and when in the backward pass each gradient is ready) and prints, in a few
-lines, the efficiency the scaling model (tools/scaling_model.py) predicts for a training run at
-this N with each flag set: the fraction of N times one process's images/s.
+bandwidth, gives the network's bandwidth (from the largest sizes) and per-message latency (from
+the smallest) as one ring allreduce sees them. Rank 0 then profiles the model's layers on its
+own device (tools/layer_profile.py: the step's compute, and when in the backward pass each
+gradient is ready) and prints, in a few lines, the efficiency the scaling model
+(tools/scaling_model.py) predicts for a training run at this N with each flag set: the
+fraction of N times one process's images/s.
 `--json FILE` also writes the figures.
 """
 import argparse
@@ -42,7 +43,12 @@ def time_allreduce(hvd, nbytes, device, repeats):
     for i in range(repeats + 1):  # the first one is a warm-up (buffers, connections)
         hvd.barrier()
         t0 = time.perf_counter()
-        hvd.allreduce(t, op=hvd.Sum, name=f"probe.{nbytes}")
+        handle = hvd.allreduce_async(t, op=hvd.Sum, name=f"probe.{nbytes}")
+        # Not hvd.allreduce: its wait spins on the CPU, and where a host has fewer cores than
+        # busy threads it takes the time Horovod's own thread needs to move the bytes.
+        while not hvd.poll(handle):
+            time.sleep(5e-5)
+        hvd.synchronize(handle)
         if device.type == "cuda":
             torch.cuda.synchronize()
         if i:
@@ -52,13 +58,20 @@ def time_allreduce(hvd, nbytes, device, repeats):
 
 
 def fit_line(n, points):
-    """(latency s, bandwidth bits/s) from [(bytes, seconds)] by least squares on the ring's
-    2 (N - 1) / N x bytes."""
-    xs = [2 * (n - 1) / n * b * 8 for b, _ in points]
-    ys = [s for _, s in points]
-    mx, my = statistics.mean(xs), statistics.mean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    return max(my - slope * mx, 0.0), 1 / slope
+    """(latency s, bandwidth bits/s) from [(bytes, seconds)] for time = latency + 2 (N - 1) / N x
+    bytes / bandwidth. The bandwidth is the median of the slopes from the smallest size to each
+    of the three largest, the latency what the smallest size's time leaves after it. The large
+    sizes are those fused gradients have; the median is not moved by one slow size, nor by
+    links that pass a small message at once and only then pace (a switch's buffer, a token
+    bucket), which bend the line in between (a least-squares line through them can fit a
+    negative latency)."""
+    points = sorted((2 * (n - 1) / n * b * 8, s) for b, s in points)
+    (x0, t0), large = points[0], points[1:][-3:]
+    rates = [(x - x0) / (t - t0) for x, t in large if t > t0]
+    if not rates:
+        return t0, math.inf
+    bandwidth = statistics.median(rates)
+    return max(t0 - x0 / bandwidth, 0.0), bandwidth
 
 
 FLAG_SETS = [("default", {}), ("--fp16-allreduce", {"fp16": True}), ("--batches-per-allreduce 4", {"k": 4}),
