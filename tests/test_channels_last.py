@@ -42,7 +42,7 @@ def ranks_identical(probe, size=2):
 
 @pytest.fixture(scope="module")
 def cl_run(data_dir, tmp_path_factory):
-    """np=2 under horovodrun --gloo, channels_last, 1 of 2 epochs: resumed below."""
+    """np=2 under mpirun, channels_last, 1 of 2 epochs: resumed below."""
     ck = tmp_path_factory.mktemp("cl")
     probe = tmp_path_factory.mktemp("cl-probe")
     assert_ok(run_horovod(2, common_args(data_dir, ck, CL, "--warmup-epochs", 0, "--stop-at", 1), probe=probe))

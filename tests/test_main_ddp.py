@@ -50,7 +50,7 @@ def ddp2(data_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hvd2(data_dir, tmp_path_factory):
-    """The same run under horovodrun --gloo np=2."""
+    """The same run under main_horovod.py at np=2 (mpirun)."""
     probe = tmp_path_factory.mktemp("hvd2")
     assert_ok(run_horovod(2, common_args(data_dir, probe / "ck", *ARGS, "--stop-at", 2, epochs=3),
                           probe=probe))

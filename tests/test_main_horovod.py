@@ -1,4 +1,4 @@
-"""main_horovod.py with real processes: horovodrun (gloo and MPI), mpirun with the hostfile."""
+"""main_horovod.py with real processes: mpirun with the hostfile (the helpers' default), horovodrun (gloo and MPI)."""
 import os
 import re
 
@@ -57,9 +57,10 @@ def test_np2_at_batch_b_equals_np1_at_batch_2b(data_dir, tmp_path):
 
 @pytest.fixture(scope="module")
 def np2_run(data_dir, tmp_path_factory):
-    """A 2-epoch run at np=2 whose checkpoint the tests below resume and evaluate."""
+    """A 2-epoch run at np=2 whose checkpoint the tests below resume and evaluate, under
+    horovodrun --gloo, which tags each line with its rank."""
     ck = tmp_path_factory.mktemp("np2")
-    r = assert_ok(run_horovod(2, common_args(data_dir, ck, "--warmup-epochs", 1, epochs=2)))
+    r = assert_ok(run_horovod(2, common_args(data_dir, ck, "--warmup-epochs", 1, epochs=2), "gloo"))
     return ck, r
 
 
@@ -173,7 +174,7 @@ def test_evaluation_with_more_ranks_than_test_images_is_exact(np2_run, tmp_path)
     args = ["--evaluate", "--checkpoint", ck / "ckpt.pth", "--data-dir", tmp_path / "data", "--dataset", "synthetic",
             "--synthetic-size", 10, "--arch", "lenet", "--batch-size", 2, "--checkpoint-dir", tmp_path / "ck"]
     r = assert_ok(run_horovod(3, args))
-    three = parse_eval(last_line(r.stdout).split(":", 1)[-1])  # after horovodrun's "[0]<stdout>:"
+    three = parse_eval(last_line(r.stdout).split(":", 1)[-1])  # a launcher may prefix "[0]<stdout>:"
     one = parse_eval(last_line(assert_ok(run_main(args)).stdout))  # the same checkpoint and images
     assert three[1:] == one[1:] and one[2] == 2, (three, one)  # each image counted once
     assert abs(three[0] - one[0]) <= 1e-6 * abs(one[0]), (three, one)  # the loss up to summation order

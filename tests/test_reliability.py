@@ -168,7 +168,7 @@ def test_error_on_one_rank_ends_all_ranks(run2, data_dir, tmp_path):
     ck = fresh_copy(run2, tmp_path / "ck")
     (ck / "ckpt.pth").write_bytes(b"PK\x03\x04 not really a zip")
     t0 = time.monotonic()
-    r = run_horovod(2, common_args(data_dir, ck, "--resume", epochs=3), timeout=120)
+    r = run_horovod(2, common_args(data_dir, ck, "--resume", epochs=3), "gloo", timeout=120)
     assert time.monotonic() - t0 < 60
     assert r.returncode != 0
     rank_lines = [ln for ln in r.stderr.splitlines() if ln.startswith(("[0]", "[1]"))]
@@ -217,7 +217,7 @@ KEPT = ("ckpt.pth", "best.pth", "metrics.csv")
 # that the step's own training loss is finite but the weights it leaves evaluate to nan: only the
 # guard's check of the test loss and the weights stops the epoch before it is saved.
 NAN_EVAL = dict(batch=1024, lr=1e38)
-LAUNCH = {"main": lambda a, tmp: run_main(a), "horovod": lambda a, tmp: run_horovod(2, a),
+LAUNCH = {"main": lambda a, tmp: run_main(a), "horovod": lambda a, tmp: run_horovod(2, a, "gloo"),
           "mpirun": lambda a, tmp: run_horovod(2, a, "mpirun"), "ddp": lambda a, tmp: run_ddp(2, a),
           "elastic": lambda a, tmp: run(elastic_cmd(slots(tmp), 2, 2, 2, a))}
 
@@ -277,7 +277,7 @@ def test_a_loss_that_turns_nan_mid_epoch_stops_at_the_next_log_interval(data_dir
     # 8 images a step: step 1's loss is finite, the steps after it are not; the reduced loss read
     # at step 4 (--log-interval 4) stops both ranks there, and nothing of the epoch is written.
     ck = tmp_path / "ck"
-    r = run_horovod(2, common_args(data_dir, ck, "--log-interval", 4, batch=8, lr=1e38))
+    r = run_horovod(2, common_args(data_dir, ck, "--log-interval", 4, batch=8, lr=1e38), "gloo")
     assert_diverged(r, "horovod", "epoch 1 (step 4 of 32)", "the training loss became nan")
     assert not any((ck / f).exists() for f in KEPT), os.listdir(ck)
 
@@ -342,13 +342,13 @@ def test_stopped_and_resumed_equals_uninterrupted(data_dir, tmp_path, np_):
 
 def test_kill_9_of_one_worker_ends_the_job_and_resume_loses_nothing(data_dir, tmp_path, jobs):
     ck = tmp_path / "ck-killed"
-    job = jobs(horovod_cmd(2, common_args(data_dir, ck, "--warmup-epochs", 0, epochs=UNTIL_ENDED)))
+    job = jobs(horovod_cmd(2, common_args(data_dir, ck, "--warmup-epochs", 0, epochs=UNTIL_ENDED), "gloo"))
     wait_until(lambda: len(metrics_rows(ck)) >= 2, 120, "2 finished epochs", job)
     kill_rank_and_wait(job, "main_horovod.py", str(ck))
     done = load_ckpt(ck / "ckpt.pth")["epoch"]
     assert done >= 2
     r = run_horovod(2, common_args(data_dir, ck, "--resume", "--warmup-epochs", 0, "--stop-at", done + 1,
-                                   epochs=UNTIL_ENDED))
+                                   epochs=UNTIL_ENDED), "gloo")
     assert r.returncode == 0, r.stderr[-2000:]
     epochs = [int(x["epoch"]) for x in read_metrics(ck)]
     assert epochs == list(range(1, done + 2)), "no finished epoch lost, none duplicated"
