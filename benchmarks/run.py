@@ -8,7 +8,9 @@
 The full run writes benchmarks/results/results.json and benchmarks/results/RESULTS.md. --quick
 writes into a fresh temporary folder unless --out is given, so a smoke run never replaces the
 committed results. --only takes figure names; figures left out say so, or with --merge keep their
-entries from the existing results.json, marked with the run that made them.
+entries from the existing results.json, marked with the run that made them. A figure that raises
+is reported (its traceback, then one line) and the run goes on; it is written as one not run
+(with --merge, its earlier entry stays), and the run exits 1 naming it.
 
 Each figure is one module of benchmarks/figures/, named by its figure id (its NAME, its key in
 results.json), with its goal and what it measures in its docstring and DESCRIPTION; FIGURES
@@ -36,6 +38,7 @@ import shutil
 import sys
 import tempfile
 import time
+import traceback
 
 import torch
 
@@ -102,22 +105,33 @@ def main(argv=None):
     devices.share_cores(device)
     harness.log(f"device {device}, {torch.get_num_threads()} torch threads; writing to {out}")
     scratch = tempfile.mkdtemp(prefix="bench-")
+    failed = {}
     try:
         ctx = harness.Context(device, scratch)
         for mod in args.figures:
-            res["figures"][mod.NAME] = mod.run(cfgs[mod.NAME], ctx)
+            try:
+                res["figures"][mod.NAME] = mod.run(cfgs[mod.NAME], ctx)
+            except Exception as e:  # the other figures of the run are still measured and written
+                traceback.print_exc()
+                failed[mod.NAME] = f"{type(e).__name__}: {e}".splitlines()[0]
+                harness.log(f"{mod.NAME} FAILED ({failed[mod.NAME]}); going on with the others")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
-    if args.merge:
+    if args.merge:  # a figure that failed keeps its earlier entry, as one not run does
         harness.merge_earlier(res, os.path.join(out, "results.json"))
+    for name, why in failed.items():
+        res["figures"].setdefault(name, {"value": None, "skipped": f"failed: {why}"})
+    res["failed"] = sorted(failed)
     harness.finish(res, FIGURES, out, started)
     harness.log(f"done in {res['duration_s']:.0f} s: {os.path.join(out, 'results.json')}, "
                 f"{os.path.join(out, 'RESULTS.md')}")
     for name, f in res["figures"].items():
         print(f"{name:24s} {harness.fmt(f['value']):>8s}   goal {f['goal']:<7s} met {f['met']}")
+    if failed:
+        harness.log(f"{len(failed)} figure(s) failed: {', '.join(sorted(failed))} (tracebacks above)")
     return res
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(1 if main()["failed"] else 0)

@@ -198,3 +198,30 @@ def test_merge_keeps_the_figures_not_run_marked_with_their_run(tmp_path):
     assert res["figures"]["fake_ratio"]["value"] == 9.0 and "gone" not in res["figures"]
     assert res["figures"]["fake_ratio"]["measured_in"] == {"date_utc": "2026-01-01 00:00", "commit": "abc",
                                                            "command": "python -m benchmarks.run"}
+
+
+def test_a_figure_that_raises_is_reported_and_the_others_are_written(tmp_path, monkeypatch, capsys):
+    def boom(cfg, ctx):
+        raise RuntimeError("no such run\nsecond line")
+    def figure(name, measure):  # a module, as the registry holds
+        mod = types.ModuleType(name)
+        mod.__dict__.update(NAME=name, run=measure, GOAL=(">=", 1.0), DESCRIPTION="a fake figure", QUICK={},
+                            FULL={}, markdown=lambda fig: [""])
+        return mod
+    failing = figure("fake_boom", boom)
+    fine = figure("fake_fine", lambda cfg, ctx: {"value": 2.0, "repeats": [2.0]})
+    monkeypatch.setattr(run, "FIGURES", [failing, fine])
+    monkeypatch.setattr(run.devices, "share_cores", lambda device: None)  # this process's threads stay
+    res = run.main(["--quick", "--out", str(tmp_path)])
+    assert res["failed"] == ["fake_boom"] and res["figures"]["fake_fine"]["value"] == 2.0
+    assert res["figures"]["fake_boom"]["skipped"] == "failed: RuntimeError: no such run"
+    assert "fake_boom FAILED (RuntimeError: no such run)" in capsys.readouterr().out
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert written["figures"]["fake_fine"]["value"] == 2.0 and written["failed"] == ["fake_boom"]
+    # With --merge the failed figure keeps what the earlier run measured.
+    res = run.main(["--quick", "--out", str(tmp_path), "--merge"])
+    assert res["failed"] == ["fake_boom"] and res["figures"]["fake_boom"]["skipped"].startswith("failed")
+    written["figures"]["fake_boom"] = {"value": 7.0, "repeats": [7.0]}
+    (tmp_path / "results.json").write_text(json.dumps(written))
+    res = run.main(["--quick", "--out", str(tmp_path), "--merge"])
+    assert res["figures"]["fake_boom"]["value"] == 7.0 and "measured_in" in res["figures"]["fake_boom"]
