@@ -126,7 +126,7 @@ def test_fixed_world_matches_main_horovod(data_dir, tmp_path, jobs):
         job = jobs(elastic_cmd(slots, 2, 2, 2, without_lr(args) if "--resume" in extra else args))
         rc = job.wait(JOB_TIMEOUT)
         assert rc == 0, job.output()[-4000:]
-    r = run_horovod(2, common_args(data_dir, tmp_path / "hv"), "gloo", timeout=JOB_TIMEOUT)
+    r = run_horovod(2, common_args(data_dir, tmp_path / "hv"), timeout=JOB_TIMEOUT)
     assert r.returncode == 0, r.stderr[-3000:]
     mine, ref = load_ckpt(el / "ckpt.pth"), load_ckpt(tmp_path / "hv" / "ckpt.pth")
     assert mine.keys() == ref.keys()  # the same checkpoint format: main.py and main_horovod.py resume it

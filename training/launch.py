@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import sys
+import time
 
 from training.errors import TrainerError
 
@@ -153,6 +154,21 @@ def say(line):
     sys.stderr.flush()
 
 
+# How long another rank waits for rank 0 to say an error that every rank met (below).
+RANK0_GRACE_S = 10.0
+
+
+def _let_rank0_say_it(code):
+    """Another rank that met an error every rank meets waits for its launcher to end it (it
+    does once rank 0 has said the error and exited), up to RANK0_GRACE_S, and then exits
+    with the same status, quietly. Exiting at once, it could be first: torchrun and mpirun
+    then end every other rank, rank 0 too, maybe before rank 0 has said anything (a usage
+    error found while rank 0 was still importing torch)."""
+    for name in STOP_SIGNALS:
+        signal.signal(getattr(signal, f"SIG{name}"), lambda *_: os._exit(code))
+    time.sleep(RANK0_GRACE_S)
+
+
 def _exit_status(main, argv, finish, prog, where):
     try:
         try:
@@ -171,6 +187,8 @@ def _exit_status(main, argv, finish, prog, where):
             say(f"{prog}: error{where}: {e}")
         elif launcher_rank() == 0:
             say(f"{prog}: error: {e}")
+        elif launched():
+            _let_rank0_say_it(e.exit_code)
         return e.exit_code
     except Exception as e:
         # A collective fails on the surviving ranks when another rank failed or died, which
