@@ -163,10 +163,22 @@ def _let_rank0_say_it(code):
     does once rank 0 has said the error and exited), up to RANK0_GRACE_S, and then exits
     with the same status, quietly. Exiting at once, it could be first: torchrun and mpirun
     then end every other rank, rank 0 too, maybe before rank 0 has said anything (a usage
-    error found while rank 0 was still importing torch)."""
+    error found while rank 0 was still importing torch). Not where MPI is initialized
+    (_in_mpi)."""
     for name in STOP_SIGNALS:
         signal.signal(getattr(signal, f"SIG{name}"), lambda *_: os._exit(code))
     time.sleep(RANK0_GRACE_S)
+
+
+def _in_mpi():
+    """Whether this process has initialized MPI (mpi4py, or Horovod on its MPI controller).
+    Its ranks then leave together, in MPI_Finalize at exit, after rank 0 has spoken; and
+    mpirun does not end a rank for another's clean exit, so a wait would run its full time."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        return True
+    hvd = sys.modules.get("horovod.torch")
+    return hvd is not None and hvd.is_initialized() and hvd.mpi_enabled()
 
 
 def _exit_status(main, argv, finish, prog, where):
@@ -187,7 +199,7 @@ def _exit_status(main, argv, finish, prog, where):
             say(f"{prog}: error{where}: {e}")
         elif launcher_rank() == 0:
             say(f"{prog}: error: {e}")
-        elif launched():
+        elif launched() and not _in_mpi():
             _let_rank0_say_it(e.exit_code)
         return e.exit_code
     except Exception as e:
