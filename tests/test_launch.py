@@ -96,16 +96,15 @@ def test_a_failure_every_rank_meets_alike_is_said_with_its_cause(port):
 @pytest.mark.parametrize("launcher", ["torchrun", "mpirun"])
 def test_an_error_every_rank_meets_is_said_by_rank0_when_another_rank_meets_it_first(launcher):
     """Rank 1 meets the usage error three seconds before rank 0. Had it exited at once, the
-    launcher would have ended rank 0 before rank 0 said anything; it waits to be ended."""
+    launcher would have ended rank 0 before rank 0 said anything (both cases fail so); it
+    waits to be ended."""
     probe = os.path.join("tests", "probes", "fail_alike.py")
     cmd = ([os.path.join(BIN, "torchrun"), "--standalone", "--nproc_per_node", "2", probe, "usage"]
            if launcher == "torchrun" else horovod_cmd(2, ["usage"], "mpirun", script=probe))
-    t0 = time.monotonic()
     r = run(cmd, timeout=120)
     said = re.findall(r"fail_alike\.py: error.*", r.stderr + r.stdout)
     assert r.returncode != 0 and said == ["fail_alike.py: error: --epochs must be positive (got 0)"], \
         (r.stdout + r.stderr)[-3000:]
-    assert time.monotonic() - t0 < 3 + launch.RANK0_GRACE_S, "rank 1 was ended once rank 0 had said it"
 
 
 def test_finish_runs_however_main_ended(capsys):
