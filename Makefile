@@ -16,8 +16,11 @@ demo: setup
 		--epochs 8 --lr 0.05 --warmup-epochs 1 --checkpoint-dir $(DEMO_DIR) --overwrite
 	@echo "demo outputs: $(DEMO_DIR)/{ckpt.pth,best.pth,metrics.csv,curves.png,tb/}"
 
+# Two workers (tests/conftest.py says which tests share one), then the tests that time
+# something, alone; the status is the first failure's.
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not alone" tests; s=$$?; \
+	$(PY) -m pytest -q -m alone tests && exit $$s
 
 # ruff (pyproject.toml): line length, import order, unused names.
 lint: setup

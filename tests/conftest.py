@@ -18,6 +18,29 @@ if helpers.ROOT not in sys.path:
 
 from training import data  # noqa: E402
 
+# `make test` runs the suite on two pytest-xdist workers (--dist loadgroup): most tests wait on
+# processes, daemons and links, and one worker at a time left a core idle. Tests that share
+# something across a module run on one worker: the namespace hosts' link-local subnets and
+# Slurm daemons (and one_host_np2, which they all compare with), and real CIFAR-10 written once.
+ONE_WORKER = {"test_multihost": "hosts", "test_slurm": "hosts", "test_container": "hosts",
+              "test_real_data": "real_data"}
+# Tests that time a link or a sleep, which a second worker's load would skew: marked `alone`,
+# and `make test` runs them after the others, by themselves.
+ALONE = {"test_scaling", "test_emulate"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "alone: times something; run without other tests beside it")
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        module = item.module.__name__
+        if module in ONE_WORKER:
+            item.add_marker(pytest.mark.xdist_group(ONE_WORKER[module]))
+        if module in ALONE:
+            item.add_marker(pytest.mark.alone)
+
 
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory):
