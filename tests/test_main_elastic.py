@@ -48,10 +48,11 @@ def wait_for_output(job, text, timeout):
     wait_until(lambda: text in job.output(), timeout, f"{text!r} from the job", job)
 
 
-def worker_pids(hostname, ranks=None):
-    """main_elastic.py workers that the driver started for `hostname` (and with one of
-    `ranks` as their first rank), found by their environment."""
-    found = trainer_pids("main_elastic.py", HOROVOD_HOSTNAME=hostname)
+def worker_pids(ckpt_dir, hostname, ranks=None):
+    """This job's main_elastic.py workers (their command line holds its ckpt_dir) that the
+    driver started for `hostname` (and with one of `ranks` as their first rank), found by their
+    environment. Another test's job, running beside this one, is never among them."""
+    found = trainer_pids("main_elastic.py", str(ckpt_dir), HOROVOD_HOSTNAME=hostname)
     return [pid for pid, e in found.items() if ranks is None or int(e.get("HOROVOD_RANK", -1)) in ranks]
 
 
@@ -75,7 +76,7 @@ def test_slot_removal_continues_at_np2(data_dir, tmp_path, jobs):
     slots.write_text("3\n")
     job = jobs(elastic_cmd(slots, 3, 2, 3, common_args(data_dir, ck, **TRAIN)))
     wait_for_epochs(job, ck, 1)
-    others = worker_pids("localhost", ranks=(1, 2))
+    others = worker_pids(ck, "localhost", ranks=(1, 2))
     assert len(others) == 2, (others, job.output()[-3000:])
     for pid in others:
         os.kill(pid, signal.SIGSTOP)
@@ -106,7 +107,7 @@ def test_killed_worker_rolls_back_to_last_epoch(data_dir, tmp_path, jobs):
     # here, but not so short that a slow worker on a busy machine looks dead.
     job = jobs(elastic_cmd(slots, 3, 2, 3, common_args(data_dir, ck, **TRAIN), gloo_timeout=15))
     wait_for_epochs(job, ck, 1)
-    victims = worker_pids("127.0.0.1")
+    victims = worker_pids(ck, "127.0.0.1")
     assert len(victims) == 1, (victims, job.output()[-3000:])
     os.kill(victims[0], signal.SIGKILL)  # mid-epoch: the survivors roll back to the last commit
     rc = job.wait(JOB_TIMEOUT)
