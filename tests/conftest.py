@@ -33,6 +33,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "alone: times something; run without other tests beside it")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(items):
     for item in items:
         module = item.module.__name__

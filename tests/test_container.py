@@ -33,7 +33,10 @@ TINY = ["--dataset", "synthetic", "--synthetic-size", "200", "--arch", "lenet", 
 
 
 def sh(cmd, timeout=300, **kw):
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL, **kw)
+    # A session of its own: mmdebstrap, on a failure, sends SIGHUP to its whole process group,
+    # which would otherwise be pytest's.
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                          start_new_session=True, **kw)
 
 
 def assert_ran(r):
