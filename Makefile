@@ -19,7 +19,7 @@ demo: setup
 # Two workers (tests/conftest.py says which tests share one), then the tests that time
 # something, alone; the status is the first failure's.
 test: setup
-	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not alone" tests; s=$$?; \
+	$(PY) -m pytest -q -n 2 -m "not alone" tests; s=$$?; \
 	$(PY) -m pytest -q -m alone tests && exit $$s
 
 # ruff (pyproject.toml): line length, import order, unused names.

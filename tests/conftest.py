@@ -18,10 +18,11 @@ if helpers.ROOT not in sys.path:
 
 from training import data  # noqa: E402
 
-# `make test` runs the suite on two pytest-xdist workers (--dist loadgroup): most tests wait on
-# processes, daemons and links, and one worker at a time left a core idle. Tests that share
-# something across a module run on one worker: the namespace hosts' link-local subnets and
-# Slurm daemons (and one_host_np2, which they all compare with), and real CIFAR-10 written once.
+# `make test` runs the suite on two pytest-xdist workers (-n 2): most tests wait on processes,
+# daemons and links, and one worker at a time left a core idle. Tests that share something
+# across a module run on one worker, one after another: the namespace hosts' link-local subnets
+# and Slurm daemons (and one_host_np2, which they all compare with), and real CIFAR-10 written
+# once. Every other test is a unit of its own, sent to whichever worker is free.
 ONE_WORKER = {"test_multihost": "hosts", "test_slurm": "hosts", "test_container": "hosts",
               "test_real_data": "real_data"}
 # Tests that time a link or a sleep, which a second worker's load would skew: marked `alone`,
@@ -29,18 +30,27 @@ ONE_WORKER = {"test_multihost": "hosts", "test_slurm": "hosts", "test_container"
 ALONE = {"test_scaling", "test_emulate"}
 
 
+def module_of(nodeid):
+    return nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "alone: times something; run without other tests beside it")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
-def pytest_collection_modifyitems(items):
-    for item in items:
-        module = item.module.__name__
-        if module in ONE_WORKER:
-            item.add_marker(pytest.mark.xdist_group(ONE_WORKER[module]))
-        if module in ALONE:
-            item.add_marker(pytest.mark.alone)
+def pytest_itemcollected(item):
+    if module_of(item.nodeid) in ALONE:
+        item.add_marker(pytest.mark.alone)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scheduling by scope, the scope being ONE_WORKER's group or else the test."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return ONE_WORKER.get(module_of(nodeid), nodeid)
+    return ByGroup(config, log)
 
 
 @pytest.fixture(scope="session")

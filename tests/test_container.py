@@ -16,9 +16,11 @@ they are missing.
 """
 import glob
 import os
+import pathlib
 import shlex
 import shutil
 import subprocess
+import tempfile
 
 import pytest
 
@@ -93,11 +95,13 @@ def install_missing():
 
 
 @pytest.fixture(scope="module")
-def podman(tmp_path_factory, request):
+def podman(request):
     if os.geteuid() != 0:
         skip_or_fail("the container tests need root (podman's storage, runc and network namespaces)")
     install_missing()
-    p = Podman(tmp_path_factory.mktemp("podman"))
+    # Right in /tmp: podman refuses a run root longer than 50 characters, which pytest's
+    # temporary folders (under a worker's own, with -n) exceed.
+    p = Podman(pathlib.Path(tempfile.mkdtemp(prefix="podman-")))
     request.addfinalizer(p.remove_everything)
     return p
 

@@ -1,17 +1,18 @@
-"""Every registered model takes real optimizer steps under the Horovod port at np=2, with every
-parameter's gradient reduced, weights moving alike on both ranks (tests/probes/every_model.py);
-under DDP, one model of each kind. That a model trains to an accuracy is shown for a few
-models elsewhere, not for all 41 here.
+"""One model of each kind takes real optimizer steps under each port at np=2, with every
+parameter's gradient reduced and the weights moving alike on both ranks
+(tests/probes/every_model.py). That a model trains to an accuracy is shown for a few models
+elsewhere.
 
 One process group per port walks the models: SGD steps (two under DDP, one under Horovod) per
 model as its trainer wraps it, then rank 0 says whether the weights moved, stayed finite and
 agree on both ranks. DDP fails on a model with a parameter its forward never uses (the second
 step raises "Expected to have finished reduction"), which is how EfficientNet's unused
-expansion layer was found; models/efficientnet.py now leaves it untrained. Under DDP only the
-smallest model of each set of module classes runs (22 of the 41: ResNet-18 for ResNet-34, not
-ResNet-152 beside ResNet-50): the others are the same code at other depths or widths, and that
-each of their parameters gets a gradient is the Horovod run's check, which is the same check
-DDP makes. That halves DDP's run (about 83 s on 2 cores).
+expansion layer was found; models/efficientnet.py now leaves it untrained. Only the smallest
+model of each set of module classes runs (22 of the 41: ResNet-18 for ResNet-34, not ResNet-152
+beside ResNet-50): the others are the same code at other depths or widths, and that every
+parameter of all 41 gets a gradient, and an unused one is frozen, is test_models.py's
+forward/backward check, in process. That halves each port's run (Horovod's all-41 run took
+91 s on 2 cores, DDP's 83 s).
 """
 import os
 import subprocess
@@ -38,14 +39,13 @@ def one_of_each_kind():
 
 @pytest.mark.parametrize("port", ["ddp", "horovod"])
 def test_every_model_steps_with_all_its_gradients_reduced_alike_at_np2(port):
+    names = one_of_each_kind()
+    assert len(names) == 22 and {"resnet18", "resnet50", "vgg11", "lenet"} <= set(names), names
     if port == "ddp":
-        names = one_of_each_kind()
-        assert len(names) == 22 and {"resnet18", "resnet50", "vgg11", "lenet"} <= set(names), names
         cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                *probe_cmd("every_model", "ddp")[1:], *names]
     else:
-        names = list(models.MODELS)
-        cmd = [os.path.join(BIN, "horovodrun"), "-np", "2", "--gloo", *probe_cmd("every_model", "horovod")]
+        cmd = [os.path.join(BIN, "horovodrun"), "-np", "2", "--gloo", *probe_cmd("every_model", "horovod"), *names]
     r = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     said = dict(line.rsplit(" ", 1) if line.endswith(" ok") else line.split(" FAILED: ", 1)
