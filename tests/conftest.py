@@ -1,4 +1,5 @@
-"""Fixtures only; the helpers the tests share are in helpers.py."""
+"""The fixtures, and how `make test` shares the tests between its two workers; the helpers the
+tests share are in helpers.py."""
 import os
 
 # Idle OpenMP threads sleep instead of spinning. Tests start several processes
@@ -34,6 +35,11 @@ def module_of(nodeid):
     return nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
 
 
+def unit_of(nodeid):
+    """The unit a test is scheduled in: its module's ONE_WORKER group, or itself."""
+    return ONE_WORKER.get(module_of(nodeid), nodeid)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "alone: times something; run without other tests beside it")
 
@@ -49,7 +55,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class ByGroup(LoadScopeScheduling):
         def _split_scope(self, nodeid):
-            return ONE_WORKER.get(module_of(nodeid), nodeid)
+            return unit_of(nodeid)
     return ByGroup(config, log)
 
 

@@ -1,5 +1,5 @@
 """What the tests share: tiny synthetic runs of the real trainers, launchers, and the
-checks several test modules make. conftest.py holds only fixtures.
+checks several test modules make. conftest.py holds the fixtures.
 
 Every trainer run is a real subprocess (python, horovodrun, mpirun or torchrun), on the CPU,
 with LeNet on a few hundred synthetic images, so the suite stays fast on 2 cores.
