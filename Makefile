@@ -17,7 +17,7 @@ demo: setup
 	@echo "demo outputs: $(DEMO_DIR)/{ckpt.pth,best.pth,metrics.csv,curves.png,tb/}"
 
 # Two workers (tests/conftest.py says which tests share one), then the tests that time
-# something, alone; the status is the first failure's.
+# something, alone; it fails if either fails.
 test: setup
 	$(PY) -m pytest -q -n 2 -m "not alone" tests; s=$$?; \
 	$(PY) -m pytest -q -m alone tests && exit $$s

@@ -70,7 +70,7 @@ def pytest_itemcollected(item):
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """xdist's scheduling by scope, the scope being ONE_WORKER's group or else the test."""
+    """xdist's scheduling by scope, the scope being unit_of's unit."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByGroup(LoadScopeScheduling):
