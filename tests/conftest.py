@@ -7,8 +7,6 @@ import os
 # is imported, so it holds for this process and the ones it starts.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import ast  # noqa: E402
-import functools  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 
@@ -22,12 +20,10 @@ if helpers.ROOT not in sys.path:
 from training import data  # noqa: E402
 
 # `make test` runs the suite on two pytest-xdist workers (-n 2): most tests wait on processes,
-# daemons and links, and one worker at a time left a core idle. Tests that share something run
-# on one worker, one after another, as one unit: the modules below (the namespace hosts'
-# link-local subnets and Slurm daemons, and one_host_np2, which they all compare with; real
-# CIFAR-10 written once), and in any module the tests that take one of its module-scoped
-# fixtures, which would otherwise be made once on each worker. Every other test is a unit of its
-# own, sent to whichever worker is free.
+# daemons and links, and one worker at a time left a core idle. Tests that share something
+# across a module run on one worker, one after another: the namespace hosts' link-local subnets
+# and Slurm daemons (and one_host_np2, which they all compare with), and real CIFAR-10 written
+# once. Every other test is a unit of its own, sent to whichever worker is free.
 ONE_WORKER = {"test_multihost": "hosts", "test_slurm": "hosts", "test_container": "hosts",
               "test_real_data": "real_data"}
 # Tests that time a link or a sleep, which a second worker's load would skew: marked `alone`,
@@ -39,25 +35,9 @@ def module_of(nodeid):
     return nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
 
 
-@functools.cache
-def module_fixture_users(module):
-    """The test functions of tests/<module>.py that take one of its module-scoped fixtures."""
-    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), module + ".py")) as f:
-        tree = ast.parse(f.read())
-    functions = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
-    fixtures = {f.name for f in functions for d in f.decorator_list if isinstance(d, ast.Call)
-                and any(k.arg == "scope" and getattr(k.value, "value", None) == "module" for k in d.keywords)}
-    return {f.name for f in functions if f.name.startswith("test_") and fixtures & {a.arg for a in f.args.args}}
-
-
 def unit_of(nodeid):
-    """The unit a test is scheduled in: its module's ONE_WORKER group; its module, if it takes
-    one of the module's module-scoped fixtures; or itself."""
-    module = module_of(nodeid)
-    if module in ONE_WORKER:
-        return ONE_WORKER[module]
-    function = nodeid.split("::")[1].split("[")[0]
-    return module if function in module_fixture_users(module) else nodeid
+    """The unit a test is scheduled in: its module's ONE_WORKER group, or itself."""
+    return ONE_WORKER.get(module_of(nodeid), nodeid)
 
 
 def pytest_configure(config):

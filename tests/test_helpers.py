@@ -26,10 +26,4 @@ def test_the_workers_units_name_modules_that_exist():
     assert set(conftest.ONE_WORKER) | conftest.ALONE <= tests
     hosts = [f"tests/{m}.py::test_x[a::b]" for m in ("test_multihost", "test_slurm", "test_container")]
     assert {conftest.unit_of(n) for n in hosts} == {"hosts"}
-    # The tests that take test_main_horovod's module-scoped np2_run share it on one worker.
-    users = conftest.module_fixture_users("test_main_horovod")
-    assert {"test_rank0_alone_writes_and_reports", "test_resume_at_another_world_size"} <= users
-    assert conftest.unit_of("tests/test_main_horovod.py::test_resume_at_another_world_size[3]") == \
-        conftest.unit_of("tests/test_main_horovod.py::test_rank0_alone_writes_and_reports") == "test_main_horovod"
-    alone = "tests/test_main_horovod.py::test_twin_diff_is_only_the_port"
-    assert "test_twin_diff_is_only_the_port" not in users and conftest.unit_of(alone) == alone
+    assert conftest.unit_of("tests/test_main.py::test_y") == "tests/test_main.py::test_y"
