@@ -26,7 +26,7 @@ The plan is JSON: {"dilation": D, "cases": [{"name", "profile", "k", "fp16", "co
 "steps", "warmup"}, ...]}, each case run in turn with a model and optimizer of its own.
 Rank 0 writes {"cases": [{name, step_s, steps_s, phases_s, wall_s, cpu_s, rss_mb, private_mb}]}:
 times in emulated seconds, except wall_s (real seconds of the timed steps), and every rank's
-CPU seconds over them and memory.
+CPU seconds over them and memory. step_s is the mean of the timed steps, each phase the median.
 """
 import argparse
 import contextlib
@@ -286,7 +286,10 @@ def run_case(port, case, dilation):
     ranks = port.gather({"cpu_s": cpu, **_memory_mb()})
     measured = steps[case["warmup"]:]
     phases = {p: statistics.median(v[case["warmup"]:]) / dilation for p, v in timer.times.items()}
-    return {"name": case["name"], "step_s": statistics.median(measured) / dilation,
+    # The mean, not the median: a rate. With Horovod's cycle a step lasts a whole number of cycles
+    # more or less, so a median of a few steps lands on one of them; their mean is what the steps
+    # take on average, what the scaling model predicts.
+    return {"name": case["name"], "step_s": statistics.fmean(measured) / dilation,
             "steps_s": [s / dilation for s in measured], "phases_s": phases, "wall_s": wall,
             "cpu_s": [r["cpu_s"] for r in ranks], "rss_mb": [r["rss_mb"] for r in ranks],
             "private_mb": [r["private_mb"] for r in ranks]}
