@@ -227,33 +227,6 @@ def test_a_figure_that_raises_is_reported_and_the_others_are_written(tmp_path, m
     assert res["figures"]["fake_boom"]["value"] == 7.0 and "measured_in" in res["figures"]["fake_boom"]
 
 
-def test_a_point_whose_ranks_were_short_of_cores_is_run_again_at_twice_the_dilation():
-    """scaling_model_heldout_error's bookkeeping, on made-up points: only the busy one is run
-    again, at 2D with half the link rate, at most REDILATIONS times, and it keeps its first
-    figures; the quiet one is left as it was."""
-    fig = run.scaling_model_heldout_error
-
-    def point(arch, mode, cpu, d=100.0, step=1e-3):
-        return {"arch": arch, "port": "horovod", "mode": mode, "fusion": mode != "fusion-off", "cpu_share": cpu,
-                "dilation": d, "shaped_bps": 1e8 / d, "step_s": step}
-    quiet, busy = point("lenet", "default", 0.1), point("mobilenetv2", "fusion-off", 0.6)
-    calls = []
-
-    def rerun(d, shaped, launches, shares=(0.4, 0.2)):
-        calls.append((d, shaped, launches))
-        return [point(a, m, shares[len(calls) - 1], d, step=2e-3) for _, _, todo in launches for a, m in todo]
-    got = fig.redilated([quiet, busy], rerun)
-    assert [(d, launches) for d, _, launches in calls] == [
-        (200.0, [("horovod", False, [("mobilenetv2", "fusion-off")])]),
-        (400.0, [("horovod", False, [("mobilenetv2", "fusion-off")])])]
-    assert [shaped for _, shaped, _ in calls] == pytest.approx([1e8 / 200, 1e8 / 400])
-    assert got[0] is quiet and got[1]["dilation"] == 400.0 and got[1]["cpu_share"] == 0.2
-    assert got[1]["first"] == {"dilation": 100.0, "step_s": 1e-3, "cpu_share": 0.6}
-    calls.clear()
-    always = fig.redilated([busy], lambda d, s, todo: rerun(d, s, todo, shares=(0.9, 0.9, 0.9)))
-    assert len(calls) == fig.REDILATIONS and always[0]["cpu_share"] == 0.9
-
-
 def test_a_short_step_is_timed_over_more_steps_up_to_the_most():
     steps_for = run.scaling_model_heldout_error.steps_for
     cfg = {"steps": 3, "timed_s": 3.0, "max_steps": 20}
