@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import models
-from training import data, divergence, layout, loaders, recipe
+from training import data, divergence, eager_sgd, layout, loaders, recipe
 from training.runlog import PhaseTimer, Progress, first_reaching
 
 
@@ -85,9 +85,11 @@ def replace_batchnorm(module, factory):
 def make_optimizer(model, args):
     """SGD with the chosen recipe's momentum, --weight-decay, Nesterov under --nesterov. The LR
     is set by LRSchedule before every step; 0 here is a placeholder. Fused: the whole update is
-    one kernel per step instead of a few per tensor group."""
-    return torch.optim.SGD(model.parameters(), lr=0.0, momentum=recipe.of(args)["momentum"],
-                           nesterov=args.nesterov, weight_decay=args.weight_decay, fused=True)
+    one kernel per step instead of a few per tensor group. Without --compile, torch's SGD
+    without the import of torch's compiler that it makes only to be traced (eager_sgd.py)."""
+    make = torch.optim.SGD if args.compile else eager_sgd.sgd
+    return make(model.parameters(), lr=0.0, momentum=recipe.of(args)["momentum"],
+                nesterov=args.nesterov, weight_decay=args.weight_decay, fused=True)
 
 
 def make_scaler(args, device, state=None):
