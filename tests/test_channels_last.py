@@ -2,20 +2,16 @@
 
 On a GPU the model trains in channels_last by default, and Horovod's collectives refuse
 its weights, gradients and momentum buffers as they are (layout.py). The CPU runs the same
-layout with --channels-last, so every collective the port makes is exercised here: the
-start-up broadcasts, the gradient allreduce (plain, fp16, accumulated; Adasum's is in
-test_main_horovod.py's Adasum run), the
-optimizer-state broadcast of a resume, and the elastic state sync.
+layout with --channels-last, so every collective the port makes is exercised: here the
+start-up broadcasts, the plain gradient allreduce and the optimizer-state broadcast of a
+resume; in test_main_horovod.py the fp16 and accumulated allreduce and Adasum's; in
+test_main_elastic.py the elastic state sync of a start and of a resume.
 """
-import os
 import shutil
 
 import pytest
 
 from helpers import (
-    BIN,
-    PY,
-    ROOT,
     assert_ok,
     assert_ranks_identical,
     common_args,
@@ -24,7 +20,6 @@ from helpers import (
     load_ranks,
     parse_eval,
     read_metrics,
-    run,
     run_horovod,
     run_main,
     without_lr,
@@ -67,26 +62,6 @@ def test_resume_broadcasts_momentum_under_mpirun(cl_run, data_dir, tmp_path):
                                                     "--warmup-epochs", 0)), "mpirun", probe=tmp_path))
     ranks_identical(tmp_path)
     assert [r["epoch"] for r in read_metrics(tmp_path / "ck")] == ["1", "2"]
-
-
-def test_fp16_allreduce_and_batches_per_allreduce(data_dir, tmp_path):
-    assert_ok(run_horovod(2, common_args(data_dir, tmp_path / "ck", CL, "--fp16-allreduce",
-                                         "--batches-per-allreduce", 2, "--warmup-epochs", 0, epochs=1),
-                          probe=tmp_path))
-    ranks_identical(tmp_path)
-
-
-def test_elastic_state_sync(data_dir, tmp_path):
-    # Every elastic start syncs the state by broadcasting model and optimizer: in
-    # channels_last that needs the contiguous window of ElasticState.sync.
-    slots = tmp_path / "slots"
-    slots.write_text("2\n")
-    cmd = [os.path.join(BIN, "horovodrun"), "-np", "2", "--min-np", "2", "--max-np", "2",
-           "--host-discovery-script", f"{os.path.join(ROOT, 'scripts', 'discover_hosts.sh')} {slots}",
-           "--network-interface", "lo", PY, "main_elastic.py",
-           *common_args(data_dir, tmp_path / "el", CL, "--warmup-epochs", 0, epochs=1)]
-    r = assert_ok(run(cmd, timeout=150))
-    assert [(x["epoch"], x["world_size"]) for x in read_metrics(tmp_path / "el")] == [("1", "2")], r.stdout
 
 
 def test_checkpoint_evaluates_the_same_in_either_layout(cl_run, data_dir):

@@ -93,22 +93,21 @@ def test_ddp_np2_equals_horovod_np2(ddp2, hvd2):
         assert a["lr"] == pytest.approx(b["lr"], rel=1e-12)
 
 
-def test_np2_at_batch_b_equals_np1_at_2b_also_with_batches_per_allreduce(data_dir, tmp_path):
-    # LeNet has no BatchNorm, so np=1 at 2b computes what np=2 at b does. DDP averages
-    # gradients and --lr is scaled by size (and by --batches-per-allreduce), hence lr/2
-    # and lr/4 here, and no warm-up. With --batches-per-allreduce 2 each rank takes two
-    # backward passes of b/2 under no_sync before one allreduce.
+def test_np2_with_batches_per_allreduce_equals_np1_at_the_global_batch(data_dir, tmp_path):
+    # LeNet has no BatchNorm, so np=1 at 2b computes what np=2 at b does. Here each rank takes
+    # two backward passes of b/2 under no_sync before one allreduce (--batches-per-allreduce 2).
+    # DDP averages gradients and --lr is scaled by size and by --batches-per-allreduce, hence
+    # lr/4, and no warm-up. (DDP at np=2 without accumulation equals main_horovod.py's np=2
+    # above, which equals np=1 in test_main_horovod.py.)
     lr, b = 0.05, 50  # 500 images / 100 per global batch = 5 steps per epoch
     assert_ok(run_main(common_args(data_dir, tmp_path / "np1", batch=2 * b, lr=lr)))
-    assert_ok(run_ddp(2, common_args(data_dir, tmp_path / "np2", "--warmup-epochs", 0, batch=b, lr=lr / 2)))
     assert_ok(run_ddp(2, common_args(data_dir, tmp_path / "k2", "--warmup-epochs", 0,
                                      "--batches-per-allreduce", 2, batch=b // 2, lr=lr / 4)))
     one = load_ckpt(tmp_path / "np1" / "ckpt.pth")["model"]
     # Up to summation order, as in test_main_horovod.py's np=2 against np=1 (1.3e-5 of the scale seen there).
-    assert_states_equal(load_ckpt(tmp_path / "np2" / "ckpt.pth")["model"], one, "np=2", atol_scale=5e-5)
     assert_states_equal(load_ckpt(tmp_path / "k2" / "ckpt.pth")["model"], one, "k=2", atol_scale=5e-5)
-    lrs = [float(read_metrics(tmp_path / d)[-1]["lr"]) for d in ("np1", "np2", "k2")]
-    assert lrs == pytest.approx([lrs[0]] * 3), "the LR scaled by size and batches per allreduce"
+    lrs = [float(read_metrics(tmp_path / d)[-1]["lr"]) for d in ("np1", "k2")]
+    assert lrs[1] == pytest.approx(lrs[0]), "the LR scaled by size and batches per allreduce"
     # ...and they did move: the comparison is not of two untouched inits.
     torch.manual_seed(0)  # as utils.build_model does for --seed 0
     init = models.get_model("lenet", num_classes=10).state_dict()

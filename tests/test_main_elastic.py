@@ -119,15 +119,17 @@ def test_killed_worker_rolls_back_to_last_epoch(data_dir, tmp_path, jobs):
 def test_fixed_world_matches_main_horovod(data_dir, tmp_path, jobs):
     # With nobody leaving, the elastic trainer is main_horovod.py, bit for bit, across a
     # resume too: epoch 1, stop, then --resume (without --lr: the saved schedule goes on)
-    # for epoch 2 equals main_horovod.py's 2 epochs in one go.
+    # for epoch 2 equals main_horovod.py's 2 epochs in one go. Both in the GPU's channels_last
+    # layout, where every elastic start's state sync broadcasts weights and momentum that
+    # Horovod's collectives take only through ElasticState.sync's contiguous window.
     slots, el = tmp_path / "slots", tmp_path / "el"
     slots.write_text("2\n")
     for extra in (["--stop-at", 1], ["--resume"]):
-        args = common_args(data_dir, el, *extra)
+        args = common_args(data_dir, el, "--channels-last", *extra)
         job = jobs(elastic_cmd(slots, 2, 2, 2, without_lr(args) if "--resume" in extra else args))
         rc = job.wait(JOB_TIMEOUT)
         assert rc == 0, job.output()[-4000:]
-    r = run_horovod(2, common_args(data_dir, tmp_path / "hv"), timeout=JOB_TIMEOUT)
+    r = run_horovod(2, common_args(data_dir, tmp_path / "hv", "--channels-last"), timeout=JOB_TIMEOUT)
     assert r.returncode == 0, r.stderr[-3000:]
     mine, ref = load_ckpt(el / "ckpt.pth"), load_ckpt(tmp_path / "hv" / "ckpt.pth")
     assert mine.keys() == ref.keys()  # the same checkpoint format: main.py and main_horovod.py resume it

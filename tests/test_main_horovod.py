@@ -129,8 +129,10 @@ def test_np1_without_launcher_and_horovodrun_mpi_with_adasum(data_dir, tmp_path)
 
 
 def test_fp16_allreduce_batches_per_allreduce_and_amp(data_dir, tmp_path):
+    # In the GPU's channels_last layout, whose gradients the fp16 compression and the
+    # accumulation must take as they take contiguous ones.
     args = common_args(data_dir, tmp_path, "--fp16-allreduce", "--batches-per-allreduce", 2, "--amp",
-                       "--warmup-epochs", 0, epochs=1, batch=16, lr=0.01)
+                       "--channels-last", "--warmup-epochs", 0, epochs=1, batch=16, lr=0.01)
     assert_ok(run_horovod(2, args, probe=tmp_path))
     ranks = load_ranks(tmp_path, 2)
     assert_ranks_identical(ranks)
