@@ -30,8 +30,8 @@ def _wrapped_methods():
     found = []
     for name in _MARKED:
         method = getattr(torch.optim.Optimizer, name, None)
-        inner = getattr(method, "__wrapped__", None)
-        if inner is None or not method.__code__.co_filename.endswith("_compile.py"):
+        inner, code = getattr(method, "__wrapped__", None), getattr(method, "__code__", None)
+        if inner is None or code is None or not code.co_filename.endswith("_compile.py"):
             return None
         found.append(inner)
     return found
