@@ -1,11 +1,12 @@
 """checkpoints.py in process: the saves, the pytorch-cifar mapping, what restore() loads, and its checks."""
 import os
 import re
+import subprocess
 
 import pytest
 import torch
 
-from helpers import parse
+from helpers import parse, probe_cmd
 from training import checkpoints
 from training.errors import TrainerError, UsageError
 import utils
@@ -157,3 +158,23 @@ def test_an_unreadable_checkpoint_names_its_real_cause(saved, tmp_path):
         z.writestr("notes.txt", "not a checkpoint")
     with pytest.raises(TrainerError, match=rf"PyTorch {re.escape(torch.__version__)} cannot read checkpoint"):
         checkpoints.load_checkpoint(str(tmp_path / "other.pth"))
+
+
+def test_a_fresh_run_on_a_held_folder_is_told_it_is_in_use_not_that_its_checkpoint_exists(saved):
+    # The holder has already written ckpt.pth: the in-use refusal still comes first, whichever
+    # of two runs started together reaches preflight after the other's first epoch.
+    folder, _ = saved
+    args = _args("--checkpoint-dir", str(folder))
+    with pytest.raises(UsageError, match="already exists; pass --resume"):
+        checkpoints.preflight(args, reports=True)
+    holder = subprocess.Popen(probe_cmd("holder", folder / checkpoints.HOLDER), stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(TrainerError, match="is in use by another run") as refused:
+            checkpoints.preflight(args, reports=True)
+        assert type(refused.value) is TrainerError and f"process {holder.pid}" in str(refused.value)
+        checkpoints.preflight(_args("--checkpoint-dir", str(folder), "--overwrite"), reports=True)
+    finally:
+        holder.kill()
+        holder.wait()

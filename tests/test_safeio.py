@@ -77,3 +77,18 @@ def test_hold_is_one_process_at_a_time_until_the_holder_ends(tmp_path):
     assert lock.read_text() == "this test\n"
     again = subprocess.run(probe_cmd("holder", lock), capture_output=True, text=True, timeout=60)
     assert again.stdout == "refused: this test\n"
+
+
+def test_holder_of_names_the_holder_and_creates_nothing(tmp_path):
+    lock = tmp_path / "run" / ".run.lock"
+    assert safeio.holder_of(str(lock)) is None and not (tmp_path / "run").exists()
+    holder = subprocess.Popen(probe_cmd("holder", lock), stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert safeio.holder_of(str(lock)) == f"the holder probe, process {holder.pid}"
+        assert safeio.holder_of(str(lock)) is not None, "peeking does not take the lock"
+    finally:
+        holder.kill()
+        holder.wait()
+    assert safeio.holder_of(str(lock)) is None
+    assert safeio.hold(str(lock), "this test") is None

@@ -23,7 +23,7 @@ import torch
 from training import data, recipe
 from training.errors import TrainerError, UsageError
 from training.layout import contiguous_state
-from training.safeio import atomic_write, hold
+from training.safeio import atomic_write, hold, holder_of
 
 # 2: the LR schedule's state is saved under "schedule" (format 1 called it "scheduler").
 FORMAT = 2
@@ -316,9 +316,13 @@ def preflight(args, reports):
 
 
 def refuse_replacing(args):
-    """A fresh run does not replace a checkpoint unless told to."""
+    """A fresh run does not replace a checkpoint unless told to. Where a running run holds
+    the folder (and wrote that checkpoint), that is what the user is told."""
     existing = os.path.join(args.checkpoint_dir, LAST)
     if not resuming(args) and not args.overwrite and os.path.exists(existing):
+        holder = holder_of(os.path.join(args.checkpoint_dir, HOLDER))
+        if holder is not None:
+            raise _in_use(args.checkpoint_dir, holder)
         raise UsageError(f"{existing} already exists; pass --resume to continue it, --overwrite to "
                          "replace it, or another --checkpoint-dir")
 
@@ -342,7 +346,11 @@ def hold_folder(args, reports=True):
     holder = hold(os.path.join(folder, HOLDER), owner,
                   hint="fix the permissions of --checkpoint-dir")
     if holder is not None:
-        raise TrainerError(f"--checkpoint-dir {folder} is in use by another run "
-                           f"({holder or 'starting'}); "
-                           "wait for it to end, or choose another --checkpoint-dir")
+        raise _in_use(folder, holder)
     refuse_replacing(args)
+
+
+def _in_use(folder, holder):
+    return TrainerError(f"--checkpoint-dir {folder} is in use by another run "
+                        f"({holder or 'starting'}); "
+                        "wait for it to end, or choose another --checkpoint-dir")

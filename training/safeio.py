@@ -130,3 +130,24 @@ def hold(path, owner, hint="fix the folder's permissions"):
     os.pwrite(fd, owner.encode() + b"\n", 0)
     _held[path] = fd
     return None
+
+
+def holder_of(path):
+    """Who holds the lock `hold` takes on `path`: what the holder wrote ("" if not yet),
+    or None when no other process holds it or the file does not exist. Creates nothing."""
+    path = os.path.abspath(path)
+    if path in _held:
+        return None
+    try:
+        f = open(path, "rb")
+    except OSError:
+        return None
+    with f:
+        try:
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return f.read().decode(errors="replace").strip()
+        except OSError:
+            return None
+        fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        return None
