@@ -117,17 +117,23 @@ PY
     PIP=("$PY" -m pip install -q)
     [ -n "${WHEELS:-}" ] && PIP+=(--no-index --find-links "$WHEELS")
     # Only what is missing: torch and torchvision are that Python's, mpi4py needs MPI.
-    need=()
+    need=() optional=()
     while read -r req; do
         name=${req%%[=<> ]*}
         # ruff lints (make lint); .ci/run brings its own, and a GPU machine trains without it.
         case "$name" in torch|torchvision|ruff|'') continue ;; mpi4py) [ "$WITH_MPI" = 1 ] || continue ;; esac
-        "$PY" -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "$name" 2>/dev/null || need+=("$req")
+        "$PY" -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "$name" 2>/dev/null && continue
+        # optuna serves main_sweep.py --search alone: training goes on without it.
+        if [ "$name" = optuna ]; then optional+=("$req"); else need+=("$req"); fi
     done < <(grep -v '^\s*#' requirements.txt)
     if [ ${#need[@]} -gt 0 ]; then
         log "installing what $PYTHON lacks: ${need[*]}"
         "${PIP[@]}" "${need[@]}"
     fi
+    for req in ${optional[@]+"${optional[@]}"}; do
+        "${PIP[@]}" "$req" 2>/dev/null \
+            || log "$req is not installed (pip found no copy): main_sweep.py --search needs it; the rest runs without it"
+    done
 else
     if [ ! -x "$PY" ]; then
         log "creating $VENV on Python $PYVER"

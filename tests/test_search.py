@@ -205,6 +205,20 @@ def test_bad_searches_stop_in_one_line_before_anything_is_written(data_dir, tmp_
     assert {p: p.read_bytes() for p in done.rglob("*") if p.is_file()} == files
 
 
+def test_a_search_without_optuna_installed_is_one_line_naming_the_fix(data_dir, tmp_path):
+    # A set-up that found no optuna (an offline GPU machine) trains; --search says what it lacks.
+    (tmp_path / "no_optuna").mkdir()
+    (tmp_path / "no_optuna" / "optuna.py").write_text("raise ImportError('hidden by this test')\n")
+    ck = tmp_path / "ck"
+    r = run([PY, "main_sweep.py", *common_args(data_dir, ck), *SPACE, "--trials", "2"], timeout=120,
+            env_extra={"PYTHONPATH": f"{tmp_path / 'no_optuna'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"})
+    said = [ln for ln in r.stderr.splitlines() if "error" in ln]
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert said == ["main_sweep.py: error: --search needs optuna, which this environment lacks: run `make setup` "
+                    "where pip reaches a package index, or `pip install optuna`"], r.stderr[-2000:]
+    assert not ck.exists()
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -90,6 +90,11 @@ def run(main, args, argv):
     rank 0, open_study), then this process's group trains trials from the study until it holds
     --trials and none is left running (train_trial each), then world rank 0 sums the study up."""
     from mpi4py import MPI
+    try:
+        import optuna  # noqa: F401
+    except ImportError:
+        raise UsageError("--search needs optuna, which this environment lacks: run `make setup` where pip "
+                         "reaches a package index, or `pip install optuna`") from None
     world = MPI.COMM_WORLD
     per_run = check_search(args, argv, world.Get_size())
     opened = None
