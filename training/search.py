@@ -93,8 +93,8 @@ def run(main, args, argv):
     try:
         import optuna  # noqa: F401
     except ImportError:
-        raise UsageError("--search needs optuna, which this environment lacks: run `make setup` where pip "
-                         "reaches a package index, or `pip install optuna`") from None
+        raise UsageError("--search needs optuna, which this environment lacks: run `make setup` "
+                         "where pip reaches a package index, or `pip install optuna`") from None
     world = MPI.COMM_WORLD
     per_run = check_search(args, argv, world.Get_size())
     opened = None
