@@ -314,6 +314,9 @@ def gpu_section(res):
          "trainer's own (metrics.csv, the last epoch; the first holds torch.compile's compiling). "
          "Absolute, on one machine: machines of the same kind have differed by up to 25%.", "",
          "| figure | value | goal | met |", "|---|---|---|---|"]
+    if res.get("measured"):
+        L[-3:-3] = ["", "Measured on " + "; on ".join(f"{day}: {what}" for day, what in res["measured"].items())
+                    + ". Each ratio is of two runs on one machine."]
     for name, f in res["figures"].items():
         met = "not run" if f["value"] is None else "reported" if f["met"] is None else \
             ("yes" if f["met"] else "**no**")
@@ -350,6 +353,11 @@ def gpu_section(res):
               "recipe at `--target-acc`, bf16; torch.compile's on-disk caches cold, then warm from the run "
               "before):", "", "| run | time to the target | epoch 1 | epochs run | final test accuracy |",
               "|---|---|---|---|---|"]
+        ta = res.get("time_to_anchor_anchor")
+        if ta:
+            L[-3:-3] = [f"The target is the mean of airbench94's {len(ta['runs'])} runs in the same command, "
+                        f"without test-time augmentation: {ta['tta0_mean_acc']:.4f} "
+                        f"({ta['tta2_mean_acc']:.4f} with it; {ta['train_s']:.2f} s a run).", ""]
         for name, t in res["time_to_anchor"].items():
             if "error" in t:
                 L.append(f"| {name} | FAILED: {t['error']} | | | |")
@@ -360,7 +368,8 @@ def gpu_section(res):
         L += ["", "Horovod's levers on the gradient hooks' cost, np=1, bf16, compiled, batch 128, each against "
               "the port's defaults (asynchronous completion on, on CUDA):", "",
               "| lever | images/s | over the defaults |", "|---|---|---|"]
-        L += [f"| {name} | {v['images_per_s']:.0f} | {fmt(v['over_defaults'])} |" for name, v in res["levers"].items()]
+        L += [f"| {name} | {fmt(v['images_per_s'])} | {fmt(v['over_defaults'])} |" if v.get("images_per_s")
+              else f"| {name} | not measured: {v.get('why', '')} | |" for name, v in res["levers"].items()]
     if res.get("ablation"):
         L += ["", f"The fast recipe's changes, one at a time from the recipe before them: "
               f"{res['ablation_epochs']} epochs each, the four runs side by side on the GPU, one run each:", "",
@@ -389,7 +398,8 @@ def gpu_section(res):
                 what = ", ".join(f"{e['syncs']} syncs in an epoch of {e['steps']} steps" for e in j["epochs"])
             else:
                 what = j.get("line") or j.get("error") or ""
-            L.append(f"    {j['job']}: {'ok' if j['ok'] else 'FAILED'}{', ' + what if what else ''}")
+            where = f" ({j['where']})" if j.get("where") else ""
+            L.append(f"    {j['job']}: {'ok' if j['ok'] else 'FAILED'}{', ' + what if what else ''}{where}")
         L.append("")
     return scratch_named(L + [""])
 
