@@ -234,3 +234,15 @@ def test_a_short_step_is_timed_over_more_steps_up_to_the_most():
     assert steps_for(one_rank, 100, cfg) == 20  # 0.1 s of real time a step: 30 wanted, 20 at most
     assert steps_for(one_rank, 250, cfg) == 12  # 0.25 s a step
     assert steps_for(dict(one_rank, compute_s=1.0), 100, cfg) == 3  # 100 s a step: cfg's steps
+
+
+def test_a_point_at_d_and_2d_loses_its_1_over_d_term_only_where_it_shows():
+    pair = run.scaling_model_heldout_error.without_1_over_d
+    at = lambda d, steps: {"dilation": d, "steps_s": steps, "cpu_share": 0.1 * d / 100}  # noqa: E731
+    # step(D) = 5 ms + 0.4 s / D, with a little noise: 5 ms comes back, and the software cost 0.4 s.
+    p = pair(at(100, [0.0089, 0.0091, 0.0090]), at(200, [0.0069, 0.0071, 0.0070]))
+    assert p["one_over_d_term"] and abs(p["step_s"] - 0.005) < 1e-9 and abs(p["software_s"] - 0.4) < 1e-9
+    assert p["step_s_at_d"] == pytest.approx(0.009) and p["cpu_share"] == pytest.approx(0.2)
+    # Within the noise: no term, and the step is the mean of every timed step.
+    q = pair(at(100, [0.0080, 0.0100, 0.0090]), at(200, [0.0085, 0.0095]))
+    assert not q["one_over_d_term"] and q["step_s"] == pytest.approx(0.0090) and q["software_s"] == 0.0

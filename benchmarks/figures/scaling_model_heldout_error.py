@@ -7,7 +7,10 @@ DistributedOptimizer under horovodrun --gloo, or DDP over gloo under a torchrun 
 the real allreduce over links shaped to 25 Gbit/s of emulated time, every layer sleeping its
 time from a layer profile, time dilated by D so that no core is short (tools/emulate.py's
 dilation(): D from 62 at 2 hosts to 250 at 8). Each point's step is the mean of its timed
-steps, as many as last about 3 s of real time (3 to 30). Three models, each a CPU layer profile
+steps, as many as last about 3 s of real time (3 to 30), and each point runs at D and again at
+2D: a software cost of this machine that does not dilate adds c/D to a step, and where the two
+differ by more than their noise the point is extrapolated to no such term (without_1_over_d).
+Three models, each a CPU layer profile
 (tools/layer_profile.py, batch 32, one thread) scaled to a step of GPU size: ResNet-18 to the
 H100's measured step (results-gpu.json, batch 128, compiled bf16: 2.70 ms), MobileNetV2 and
 LeNet to 5 ms and 1 ms, chosen, not measured. Horovod with no flags, --fp16-allreduce,
@@ -20,9 +23,8 @@ compiled backward. The figure is the largest relative error of the step time ove
 points; scaling_model_mean_error, their mean, is recorded beside it (goal 0.05).
 
 Also recorded: each point's CPU (the ranks' share of this machine's cores while timed) and
-memory; ResNet-18 with each port and MobileNetV2 with fusion off run again at twice the
-dilation (the result should not depend on D; with many small messages it does); a job
-of 16 hosts (what this machine holds); and the GPU-cluster table: ResNet-18 on H100s, 8 to a
+memory, its steps at D and 2D and the software cost c; a job of 16 hosts (what this machine
+holds); and the GPU-cluster table: ResNet-18 on H100s, 8 to a
 node on NVLink, at 8 to 64 GPUs with 25, 100 or 400 Gb/s between nodes, predicted by the fitted
 model in every cell, each row emulated at 32 GPUs (4 hosts standing for 4 nodes of 8 GPUs).
 """
@@ -48,9 +50,10 @@ MODES = {"default": {}, "fp16": {"fp16": True}, "k4": {"k": 4}, "fusion-off": {"
 PORT_MODES = {"horovod": ("default", "fp16", "k4", "fusion-off", "compiled"), "ddp": ("default", "k4", "compiled")}
 FIT = {("horovod", "default"), ("horovod", "fp16"), ("horovod", "fusion-off"), ("ddp", "default")}
 FULL = dict(hosts=(2, 3, 4, 6, 8), fit_hosts=(2, 4), models=tuple(MODELS), ports=("horovod", "ddp"), steps=3,
-            warmup=1, timed_s=3.0, max_steps=30, dilation_check=True, capacity_hosts=16, gpu_table=True)
+            warmup=1, timed_s=3.0, max_steps=30, at_2d=True, dilation_check=False, capacity_hosts=16,
+            gpu_table=True)
 QUICK = dict(hosts=(2,), fit_hosts=(2,), models=("lenet",), ports=("horovod",), steps=2, warmup=1,
-             timed_s=0.0, max_steps=2, dilation_check=False, capacity_hosts=None, gpu_table=False)
+             timed_s=0.0, max_steps=2, at_2d=False, dilation_check=False, capacity_hosts=None, gpu_table=False)
 
 # The GPU-cluster table: ResNet-18 on H100s, 8 to a node with NVLink between them.
 NVLINK_BPS = 2400e9  # per GPU in a ring inside a node (NVLink 4 class, about 300 GB/s)
@@ -140,13 +143,47 @@ def steps_for(point, d, cfg):
     return max(cfg["steps"], min(cfg["max_steps"], math.ceil(cfg["timed_s"] / real_s)))
 
 
+def without_1_over_d(at_d, at_2d):
+    """One point from the same job at D and at 2D. A software cost that does not dilate (gloo's
+    messages, Python, between ranks sharing the cores) adds c/D to an emulated step:
+    step(D) = t + c/D. Where the step at D exceeds the step at 2D by more than twice their
+    standard error, the point's step is t = 2 step(2D) - step(D); otherwise no D-dependence
+    shows, and it is the mean of all the timed steps. Keeps both and c, in real seconds."""
+    def mean_se(p):
+        xs = p["steps_s"]
+        m = sum(xs) / len(xs)
+        var = sum((x - m) ** 2 for x in xs) / (len(xs) - 1) if len(xs) > 1 else 0.0
+        return m, (var / len(xs)) ** 0.5
+    (s1, e1), (s2, e2) = mean_se(at_d), mean_se(at_2d)
+    d = at_d["dilation"]
+    term = s1 - s2 > 2 * (e1 * e1 + e2 * e2) ** 0.5
+    n1, n2 = len(at_d["steps_s"]), len(at_2d["steps_s"])
+    step = 2 * s2 - s1 if term else (s1 * n1 + s2 * n2) / (n1 + n2)
+    return dict(at_d, step_s=step, step_s_at_d=s1, step_s_at_2d=s2, one_over_d_term=term,
+                software_s=2 * d * (s1 - s2) if term else 0.0,
+                cpu_share=max(at_d["cpu_share"], at_2d["cpu_share"]), steps_s_at_2d=at_2d["steps_s"])
+
+
 def measure(cfg, profs, folder):
-    """Every point of the held-out check, the dilation check and the capacity job."""
+    """Every point of the held-out check (each at D and 2D where cfg says at_2d, see
+    without_1_over_d), the dilation check and the capacity job."""
     points = []
     for n in cfg["hosts"]:
         d, shaped = emulate.dilation(RATE_BPS, n)
+        launches = jobs(n, cfg["ports"], cfg["models"])
         with emulate.Hosts(n, shaped, folder) as hosts:
-            points += emulated_points(hosts, n, d, shaped, jobs(n, cfg["ports"], cfg["models"]), profs, cfg)
+            at_d = emulated_points(hosts, n, d, shaped, launches, profs, cfg)
+        if not cfg.get("at_2d"):
+            points += at_d
+            continue
+        with emulate.Hosts(n, shaped / 2, folder) as hosts:
+            at_2d = emulated_points(hosts, n, 2 * d, shaped / 2, launches, profs, cfg)
+        for p1, p2 in zip(at_d, at_2d):
+            p = without_1_over_d(p1, p2)
+            points.append(p)
+            harness.log(f"{n} hosts, {p['arch']}, {p['port']} {p['mode']}: {p1['step_s'] * 1e3:.2f} ms at D, "
+                        f"{p2['step_s'] * 1e3:.2f} at 2D: {p['step_s'] * 1e3:.2f} ms "
+                        f"({'without the 1/D term' if p['one_over_d_term'] else 'no 1/D term: the mean'})")
     if cfg["dilation_check"]:  # the largest host count again, at twice the dilation
         n = max(cfg["hosts"])
         d, shaped = emulate.dilation(RATE_BPS, n)
@@ -299,12 +336,20 @@ def markdown(fig):
                      f"{p['predicted_step_s'] * 1e3:.2f} ms (error {p['relative_error']:.3f}), the ranks' CPU "
                      f"{p['cpu_share']:.2f} of the cores" + (f", {p['private_mb']:.0f} MB private a rank"
                                                              if p["private_mb"] else ""))
-    L += ["", "| model | hosts | port and flags | emulated ms | predicted ms | error | D | CPU | held out |",
-          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    paired = [p for p in fig["points"] if "step_s_at_2d" in p]
+    if paired:
+        L += ["", f"Each point ran at D and at 2D; {sum(p['one_over_d_term'] for p in paired)} of {len(paired)} "
+              "steps fell at 2D by more than their noise, and are extrapolated to no 1/D term (2 step(2D) - "
+              "step(D)); the others are the mean of both. The largest such software cost: "
+              f"{max(p['software_s'] for p in paired):.2f} s of real time a step."]
+    L += ["", "| model | hosts | port and flags | emulated ms | at D | at 2D | predicted ms | error | D | CPU | "
+          "held out |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for p in sorted((p for p in fig["points"] if p["tag"] is None),
                     key=lambda p: (p["arch"], p["hosts"], p["port"], p["mode"])):
+        at = (f"{p['step_s_at_d'] * 1e3:.2f} | {p['step_s_at_2d'] * 1e3:.2f}" if "step_s_at_2d" in p
+              else f"{p['step_s'] * 1e3:.2f} | -")
         L.append(f"| {p['arch']} | {p['hosts']} | {flags_text(p['port'], p['mode'])} | {p['step_s'] * 1e3:.2f} | "
-                 f"{p['predicted_step_s'] * 1e3:.2f} | {p['relative_error']:.3f} | {p['dilation']:.0f} | "
+                 f"{at} | {p['predicted_step_s'] * 1e3:.2f} | {p['relative_error']:.3f} | {p['dilation']:.0f} | "
                  f"{p['cpu_share']:.2f} | {'yes' if p['held_out'] else 'fit'} |")
     L += ["", f"![emulated and predicted step times; predicted GPU-cluster efficiency]({fig['plot']})", ""]
     if fig.get("gpu_table"):
@@ -359,3 +404,31 @@ def plot(fig, path):
     f.tight_layout()
     f.savefig(path, dpi=90)
     plt.close(f)
+
+
+def main(argv=None):
+    """A part of the figure, on chosen hosts, models and ports: its points and errors as JSON."""
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m benchmarks.figures.scaling_model_heldout_error",
+                                description=main.__doc__)
+    p.add_argument("--hosts", default="2,3,4,6,8", help="host counts (default: %(default)s)")
+    p.add_argument("--models", default=",".join(MODELS), help="(default: %(default)s)")
+    p.add_argument("--ports", default="horovod,ddp", help="(default: %(default)s)")
+    p.add_argument("--single-d", action="store_true", help="each point at D alone, not at D and 2D")
+    p.add_argument("--out", required=True, help="the JSON to write")
+    args = p.parse_args(argv)
+    hosts = tuple(int(x) for x in args.hosts.split(","))
+    cfg = dict(FULL, hosts=hosts, fit_hosts=tuple(h for h in FULL["fit_hosts"] if h in hosts),
+               models=tuple(args.models.split(",")), ports=tuple(args.ports.split(",")), at_2d=not args.single_d,
+               capacity_hosts=None, gpu_table=False)
+    fig = run(cfg, None)
+    with open(args.out, "w") as f:
+        json.dump(fig, f, indent=1)
+    if fig.get("value") is not None:
+        print("\n".join(markdown(dict(fig, plot="(not drawn)"))))
+    return 0 if fig.get("value") is not None else 1
+
+
+if __name__ == "__main__":
+    import sys
+    sys.exit(main())
