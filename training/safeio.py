@@ -119,13 +119,7 @@ def hold(path, owner, hint="fix the folder's permissions"):
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         with os.fdopen(fd, "rb") as f:
-            for _ in range(20):  # the holder writes its name just after taking the lock
-                owner = f.read().decode(errors="replace").strip()
-                if owner:
-                    break
-                time.sleep(0.05)
-                f.seek(0)
-            return owner
+            return _owner(f)
     os.ftruncate(fd, 0)
     os.pwrite(fd, owner.encode() + b"\n", 0)
     _held[path] = fd
@@ -146,8 +140,20 @@ def holder_of(path):
         try:
             fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
-            return f.read().decode(errors="replace").strip()
+            return _owner(f)
         except OSError:
             return None
         fcntl.flock(f.fileno(), fcntl.LOCK_UN)
         return None
+
+
+def _owner(f):
+    """What the holder of the lock on the open file `f` wrote into it; it writes its name just
+    after taking the lock, so a second is given for that ("" if still nothing)."""
+    for _ in range(20):
+        owner = f.read().decode(errors="replace").strip()
+        if owner:
+            return owner
+        time.sleep(0.05)
+        f.seek(0)
+    return ""

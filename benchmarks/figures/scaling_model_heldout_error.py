@@ -50,10 +50,9 @@ MODES = {"default": {}, "fp16": {"fp16": True}, "k4": {"k": 4}, "fusion-off": {"
 PORT_MODES = {"horovod": ("default", "fp16", "k4", "fusion-off", "compiled"), "ddp": ("default", "k4", "compiled")}
 FIT = {("horovod", "default"), ("horovod", "fp16"), ("horovod", "fusion-off"), ("ddp", "default")}
 FULL = dict(hosts=(2, 3, 4, 6, 8), fit_hosts=(2, 4), models=tuple(MODELS), ports=("horovod", "ddp"), steps=3,
-            warmup=1, timed_s=3.0, max_steps=30, at_2d=True, dilation_check=False, capacity_hosts=16,
-            gpu_table=True)
+            warmup=1, timed_s=3.0, max_steps=30, at_2d=True, capacity_hosts=16, gpu_table=True)
 QUICK = dict(hosts=(2,), fit_hosts=(2,), models=("lenet",), ports=("horovod",), steps=2, warmup=1,
-             timed_s=0.0, max_steps=2, at_2d=False, dilation_check=False, capacity_hosts=None, gpu_table=False)
+             timed_s=0.0, max_steps=2, at_2d=False, capacity_hosts=None, gpu_table=False)
 
 # The GPU-cluster table: ResNet-18 on H100s, 8 to a node with NVLink between them.
 NVLINK_BPS = 2400e9  # per GPU in a ring inside a node (NVLink 4 class, about 300 GB/s)
@@ -166,7 +165,7 @@ def without_1_over_d(at_d, at_2d):
 
 def measure(cfg, profs, folder):
     """Every point of the held-out check (each at D and 2D where cfg says at_2d, see
-    without_1_over_d), the dilation check and the capacity job."""
+    without_1_over_d) and the capacity job."""
     points = []
     for n in cfg["hosts"]:
         d, shaped = emulate.dilation(RATE_BPS, n)
@@ -184,16 +183,6 @@ def measure(cfg, profs, folder):
             harness.log(f"{n} hosts, {p['arch']}, {p['port']} {p['mode']}: {p1['step_s'] * 1e3:.2f} ms at D, "
                         f"{p2['step_s'] * 1e3:.2f} at 2D: {p['step_s'] * 1e3:.2f} ms "
                         f"({'without the 1/D term' if p['one_over_d_term'] else 'no 1/D term: the mean'})")
-    if cfg["dilation_check"]:  # the largest host count again, at twice the dilation
-        n = max(cfg["hosts"])
-        d, shaped = emulate.dilation(RATE_BPS, n)
-        with emulate.Hosts(n, shaped / 2, folder) as hosts:
-            # ResNet-18's few large messages, and MobileNetV2's 173 small ones with fusion off,
-            # whose per-message software cost here, in real time, shrinks by D in the results.
-            todo = [(p, True, [("resnet18", "default")]) for p in cfg["ports"]]
-            if "mobilenetv2" in cfg["models"] and "horovod" in cfg["ports"]:
-                todo.append(("horovod", False, [("mobilenetv2", "fusion-off")]))
-            points += emulated_points(hosts, n, 2 * d, shaped / 2, todo, profs, cfg, tag="dilation x2")
     if cfg["capacity_hosts"]:
         n = cfg["capacity_hosts"]
         d, shaped = emulate.dilation(RATE_BPS, n)
