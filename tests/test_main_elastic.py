@@ -170,7 +170,9 @@ def test_sigterm_to_the_driver_ends_every_worker_and_the_resume_works(data_dir, 
     job.signal(signal.SIGTERM)
     rc = job.wait(30)  # fails the test if a worker or the driver is still running
     out = job.output()
-    assert rc != 0 and all(is_gone(pid) for pid in pids.values()), out[-3000:]
+    # Not rc != 0: horovodrun's launcher can read a terminated worker's status as 0 (two threads
+    # wait on its shell; see docs/DESIGN.md, SIGTERM), so each worker's own line is checked.
+    assert all(is_gone(pid) for pid in pids.values()), (rc, out[-3000:])
     # Each worker ends with our one line, except that a worker still blocked in a collective
     # when its peer has already gone cannot run its handler (Python runs it between bytecodes,
     # not inside gloo's wait), and Horovod's elastic runtime ends it first: a C++ thread aborts

@@ -372,7 +372,12 @@ def test_sigterm_ends_every_rank_with_one_line_and_resume_works(data_dir, tmp_pa
         os.kill(pids[1], signal.SIGTERM)  # mpirun then ends the other rank
     t_term = time.monotonic()
     rc = job.wait(timeout=30)  # fails the test if the job is still running
-    assert time.monotonic() - t_term < 30 and rc != 0
+    assert time.monotonic() - t_term < 30
+    # mpirun reports the ranks' 143. horovodrun usually exits 1, but may exit 0: its launcher
+    # waits on each rank's shell from two threads, and when psutil's wait reaps the shell first,
+    # Popen.wait() reads 0 (horovod/runner/common/util/safe_shell_exec.py). Each rank's own 143
+    # is what its "interrupted ... by SIGTERM" line, checked below, is printed with.
+    assert rc != 0 or launcher == "gloo", rc
     assert all(is_gone(pid) for pid in pids.values()), "a rank is still running"
     out = job.output()
     # One line from each rank: interrupted, or (a rank whose peer went first) stopping.
