@@ -114,6 +114,39 @@ def test_the_model_hides_what_the_backward_pass_covers_and_no_more():
     assert scaling_model.step_s(dict(point, port="ddp", fp16=True), params) == pytest.approx(fast)
 
 
+def test_the_ring_stretches_with_log_n_and_the_fit_finds_how_much():
+    mb = 1 << 20
+    rate = 8 * 10 * mb / 1e-3  # 10 MB a millisecond
+    # At 2 processes spread changes nothing; at 8 the wire time (1.75 ms for 10 MB) grows by
+    # 2 x spread (log2(8 / 2) = 2), the fixed latency does not.
+    assert scaling_model.message_s(2, 10 * mb, rate, (1.0, 1e-4, 0.05)) == pytest.approx(1.1e-3)
+    assert scaling_model.message_s(8, 10 * mb, rate, (1.0, 1e-4, 0.05)) == pytest.approx(1e-4 + 1.75e-3 * 1.1)
+    assert scaling_model.message_s(8, 10 * mb, rate, (1.0, 1e-4)) == pytest.approx(1.85e-3)
+    # DDP points at 2, 4 and 8 processes made with a known spread: the fit finds it, and the
+    # efficiency and latency with it. At one N spread cannot be told from efficiency, and stays 0.
+    truth = (0.8, 1e-5, 0.06)
+    sizes = [mb, 20 * mb, 20 * mb]
+    base = dict(rate_bps=rate, tensors=sizes, compute_s=6e-3, backward_s=4e-3, port="ddp",
+                ready=[(t * 1e-3, b) for t, b in zip((1, 3, 4), sizes)])
+    points = [dict(base, n=n, fp16=fp16) for n in (2, 4, 8) for fp16 in (False, True)]
+    for p in points:
+        p["step_s"] = scaling_model.step_s(p, truth)
+    got = scaling_model.fit(points)
+    assert got[0] == pytest.approx(0.8) and got[2] == pytest.approx(0.06) and got[1] < 2e-5, got
+    assert max(scaling_model.relative_errors(points, got)) < 0.01
+    assert scaling_model.fit([p for p in points if p["n"] == 4])[2] == 0.0
+
+
+def test_a_compute_of_whole_cycles_costs_horovod_a_cycle_more():
+    # One tiny tensor, ready as a 1 ms step's backward pass ends: on Horovod's 1 ms grid it is
+    # ready on a cycle's very start every step, and a real step, a little longer than its compute,
+    # misses that cycle: 2 ms a step, whatever the grid's phase. At 1.3 ms it waits 0.7 ms.
+    point = dict(n=2, rate_bps=1e18, tensors=[400], compute_s=1e-3, backward_s=0.5e-3, ready=[(0.5e-3, 400)])
+    assert scaling_model.step_s(point, (1.0, 0.0)) == pytest.approx(2e-3, rel=1e-3)
+    assert scaling_model.step_s(dict(point, compute_s=1.3e-3), (1.0, 0.0)) == pytest.approx(2e-3, rel=1e-3)
+    assert scaling_model.step_s(dict(point, compute_s=1.6e-3), (1.0, 0.0)) == pytest.approx(2e-3, rel=1e-3)
+
+
 def test_the_probe_fits_a_linear_link_exactly_and_a_bent_one_near_its_rate():
     # 1 ms a message and 100 Mbit/s at 4 processes, at the sizes the probe takes for LeNet.
     n, rate, lat = 4, 100e6, 1e-3
