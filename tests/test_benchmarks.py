@@ -236,7 +236,7 @@ def test_a_short_step_is_timed_over_more_steps_up_to_the_most():
     assert steps_for(dict(one_rank, compute_s=1.0), 100, cfg) == 3  # 100 s a step: cfg's steps
 
 
-def test_a_point_at_d_and_2d_loses_its_1_over_d_term_only_where_it_shows():
+def test_a_point_at_d_2d_and_4d_loses_its_1_over_d_term_only_where_it_shows():
     pair = run.scaling_model_heldout_error.without_1_over_d
     at = lambda d, steps: {"dilation": d, "steps_s": steps, "cpu_share": 0.1 * d / 100}  # noqa: E731
     # step(D) = 5 ms + 0.4 s / D, with a little noise: 5 ms comes back, and the software cost 0.4 s.
@@ -246,3 +246,11 @@ def test_a_point_at_d_and_2d_loses_its_1_over_d_term_only_where_it_shows():
     # Within the noise: no term, and the step is the mean of every timed step.
     q = pair(at(100, [0.0080, 0.0100, 0.0090]), at(200, [0.0085, 0.0095]))
     assert not q["one_over_d_term"] and q["step_s"] == pytest.approx(0.0090) and q["software_s"] == 0.0
+    # At 4D too. Fell again: the middle of [2 step(4D) - step(2D), step(4D)], the bracket kept.
+    r = pair(at(100, [0.0089, 0.0091, 0.0090]), at(200, [0.0069, 0.0071, 0.0070]), at(400, [0.0059, 0.0061, 0.006]))
+    assert r["step_bracket_s"] == pytest.approx([0.005, 0.006]) and r["step_s"] == pytest.approx(0.0055)
+    assert r["step_s_at_4d"] == pytest.approx(0.006) and r["software_s"] == pytest.approx(0.35)
+    # A cost that stopped showing at 2D (Horovod's cycle absorbed it): the mean at 2D and 4D, not 5 ms.
+    h = pair(at(100, [0.0089, 0.0091, 0.0090]), at(200, [0.0069, 0.0071, 0.0070]), at(400, [0.0071, 0.0069]))
+    assert h["step_bracket_s"] is None and h["step_s"] == pytest.approx(0.0070)
+    assert h["software_s"] == pytest.approx(0.2) and h["cpu_share"] == pytest.approx(0.4)
