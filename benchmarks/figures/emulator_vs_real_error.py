@@ -16,12 +16,14 @@ The figure is the largest, over models and ports, of the median relative error o
 step against the real one; each repeat's value is its largest error. What the emulator cannot
 see shows here: in the real runs compute and the allreduce share each rank's core, and the
 other work on this shared machine delays ranks at random, so the other rank is late to the
-allreduce (stragglers); the emulator's ranks sleep on time. And a real Horovod rank computes on
-its one core while Horovod's background thread runs at idle priority (devices.share_cores), so
-little of its allreduce overlaps the backward, where the sleeping backward leaves the core free:
-the emulated Horovod steps come out shorter (0.058 for LeNet, 0.101 for ResNet-18, against DDP's
-0.043 and 0.036). Releasing every gradient when the backward ends instead (the compiled-backward
-mode, no overlap at all) overshot: LeNet 159 and 162 ms emulated against 131 and 133 real.
+allreduce (stragglers); the emulator's ranks sleep on time. The real ranks run with
+OMP_NUM_THREADS=1 (tools/emulate.py's launch sets it), which the trainer takes as the user's
+choice (devices.share_cores): they are not pinned, and Horovod's threads keep normal priority,
+sharing the 2 cores with both ranks' compute, where the emulator's sleeping backward leaves them
+free. The emulated Horovod steps come out shorter (0.058 for LeNet, 0.101 for ResNet-18, against
+DDP's 0.043 and 0.036); that the cores' sharing is the whole gap is likely, not measured.
+Releasing every gradient when the backward ends instead (the compiled-backward mode, no overlap
+at all) overshot: LeNet 159 and 162 ms emulated against 131 and 133 real.
 """
 import os
 import shutil
