@@ -9,8 +9,8 @@ time from a layer profile, time dilated by D so that no core is short (tools/emu
 dilation(): D from 62 at 2 hosts to 250 at 8). Each point's step is the mean of its timed
 steps, as many as last about 3 s of real time (3 to 30), and each point runs at D and again at
 2D: a software cost of this machine that does not dilate adds up to c/D to a step. Where the step
-falls from D to 2D by more than its noise, the point runs at 4D as well, and its step is taken
-where that cost no longer shows (without_1_over_d).
+falls from D to 2D by more than its noise, the point runs at 4D as well, and its step is read
+from the three (without_1_over_d).
 Three models, each a CPU layer profile
 (tools/layer_profile.py, batch 32, one thread) scaled to a step of GPU size: ResNet-18 to the
 H100's measured step (results-gpu.json, batch 128, compiled bf16: 2.70 ms), MobileNetV2 and
@@ -165,11 +165,12 @@ def without_1_over_d(at_d, at_2d, at_4d=None):
     most c/D to an emulated step. It can add less: Horovod's step is a whole number of its
     cycles, so a cost that fits the slack of the last cycle adds nothing, and one that outgrows it
     adds a cycle. As a function of 1/D the step is then flat near 0 and rises further out (convex),
-    so the line through two dilations, extrapolated to 1/D = 0, falls below the true step, and the
-    step at the larger D lies above it. Where no fall shows from D to 2D (more than twice their
-    standard error), the step is the mean of all the timed steps. Where it falls and 4D ran: if it
-    falls again from 2D to 4D, the step is the middle of [2 step(4D) - step(2D), step(4D)] (the
-    bracket is kept); if not, the mean of the steps at 2D and 4D. Without 4D: 2 step(2D) - step(D).
+    so the line through two dilations, extrapolated to 1/D = 0, falls at or below the true step (at
+    it for a cost of exactly c/D), and the step at the larger D lies above it. Where no fall shows
+    from D to 2D (more than twice their standard error), the step is the mean of all the timed
+    steps. Where it falls and 4D ran: if it falls again from 2D to 4D, the step is the middle of
+    [2 step(4D) - step(2D), step(4D)] (the bracket is kept); if not, the mean of the steps at 2D
+    and 4D. Without 4D: 2 step(2D) - step(D).
     Keeps every dilation's steps and c = D (step(D) - step), in real seconds."""
     (s1, _), (s2, _) = mean_se(at_d["steps_s"]), mean_se(at_2d["steps_s"])
     term = falls(at_d, at_2d)
