@@ -35,13 +35,10 @@ from tools import emulate, layer_profile
 NAME = "emulator_vs_real_error"
 GOAL = ("<=", 0.10)
 DESCRIPTION = "emulator: largest median relative error of the step time against the real trainers at 2 hosts"
-# Per model: batch, profiled steps.
-MODELS = {"lenet": (256, 20), "resnet18": (32, 6)}
-# The links carry the gradients, one rank's allreduce at 2 hosts, in this many times the CPU
-# profile's backward pass: most of the allreduce runs while the backward computes.
-WIRE_OVER_BACKWARD = 2.0
+# Per model: batch, link rate (Mbit/s), profiled steps.
+MODELS = {"lenet": (256, 25, 20), "resnet18": (16, 150, 6)}
 FULL = dict(models=MODELS, ports=("horovod", "ddp"), repeats=3)
-QUICK = dict(models={"lenet": (64, 5)}, ports=("horovod",), repeats=1)
+QUICK = dict(models={"lenet": (64, 100, 5)}, ports=("horovod",), repeats=1)
 PHASES = ("forward", "backward", "allreduce-wait", "optimizer-step")
 
 
@@ -85,14 +82,6 @@ def repeat(hosts, port, arch, batch, mbit, steps, base, folder, rep):
             "emulated_phases_s": emu, "load_average": load}
 
 
-def link_mbit(profile):
-    """The link rate, Mbit/s, at which 2 ranks' ring allreduce of the profile's gradients (each
-    rank sends and receives them once) takes WIRE_OVER_BACKWARD times its backward pass: chosen
-    from the profile, so the overlap is alike on a fast machine and a slow one."""
-    bits = 8 * sum(emulate.gradient_bytes(profile))
-    return max(1, round(bits / (WIRE_OVER_BACKWARD * profile["backward_s"]) / 1e6))
-
-
 def run(cfg, ctx):
     if os.geteuid() != 0:
         return {"value": None, "skipped": "needs root, for the namespace hosts"}
@@ -100,14 +89,13 @@ def run(cfg, ctx):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the layer profile as one rank computes, one thread
     try:
-        base = {arch: layer_profile.measure(arch, batch, steps=3) for arch, (batch, _) in cfg["models"].items()}
+        base = {arch: layer_profile.measure(arch, batch, steps=3) for arch, (batch, _, _) in cfg["models"].items()}
     finally:
         torch.set_num_threads(threads)
     rows = []
     folder = tempfile.mkdtemp(prefix="cifar-emulate-")
     try:
-        for arch, (batch, steps) in cfg["models"].items():
-            mbit = link_mbit(base[arch])
+        for arch, (batch, mbit, steps) in cfg["models"].items():
             with emulate.Hosts(2, mbit * 1e6, folder) as hosts:
                 for rep in range(cfg["repeats"]):
                     rows += [repeat(hosts, port, arch, batch, mbit, steps, base[arch], folder, rep)
@@ -118,8 +106,7 @@ def run(cfg, ctx):
     medians = {f"{a} {p}": harness.median([abs(r["error"]) for r in rows if (r["arch"], r["port"]) == (a, p)])
                for a, p in cases}
     repeats = [max(abs(r["error"]) for r in rows if r["repeat"] == i) for i in range(cfg["repeats"])]
-    models = {a: {"batch": b, "mbit": link_mbit(base[a]), "profile_steps": s,
-                  "profile_backward_s": base[a]["backward_s"]} for a, (b, s) in cfg["models"].items()}
+    models = {a: {"batch": b, "mbit": m, "profile_steps": s} for a, (b, m, s) in cfg["models"].items()}
     return {"value": max(medians.values()), "repeats": repeats, "median_error": medians, "rows": rows,
             "setup": {"models": models, "ports": list(cfg["ports"]), "repeats": cfg["repeats"],
                       "profile": {a: p["source"] for a, p in base.items()}}}
