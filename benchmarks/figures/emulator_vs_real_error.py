@@ -8,22 +8,32 @@ own measured forward, backward and optimizer-step medians, split over the layers
 proportions of a CPU layer profile of the same model and batch (tools/layer_profile.py, one
 thread). DDP's backward phase holds its wait for the allreduce, so there the backward is the
 profile's, scaled by the run's forward against the profile's forward. A step is the sum of the
-four phases' medians on rank 0, for both. Two models: LeNet (0.25 MB of gradients, steps of tens
-of ms) and ResNet-18 (44.7 MB, steps of seconds), each at a rate where the allreduce takes about
-as long as the backward pass.
+four phases' medians on rank 0, for both. Two models:
+- LeNet (0.25 MB of gradients) at batch 256 on 25 Mbit/s links: its allreduce (80 ms of wire)
+  is mostly exposed, and long against the links' token bucket (10 ms at the rate). With the
+  rate raised until the allreduce took only twice its backward (115 Mbit/s, 17 ms of wire),
+  the Horovod error was 0.15: small messages then pass partly in the bucket's burst, and the
+  emulated wait depends on the bucket's state (8-9 ms against 10-19 ms real).
+- ResNet-18 (44.7 MB) at batch 32 on links chosen from its CPU profile so that the allreduce
+  takes twice the backward pass (link_mbit; 424 Mbit/s here): most of the backward overlaps the
+  allreduce, on a fast machine as on a slow one. At a fixed 150 Mbit/s and batch 16, a machine
+  whose compute ran 3 to 4 times slower gave 0.101 for Horovod (backward 1.1 s against 2.4 s of
+  wire), this machine's 0.02 (backward 0.25 s): what the figure tested depended on the machine.
 
 The figure is the largest, over models and ports, of the median relative error of the emulated
 step against the real one; each repeat's value is its largest error. What the emulator cannot
-see shows here: in the real runs compute and the allreduce share each rank's core, and the
-other work on this shared machine delays ranks at random, so the other rank is late to the
-allreduce (stragglers); the emulator's ranks sleep on time. The real ranks run with
-OMP_NUM_THREADS=1 (tools/emulate.py's launch sets it), which the trainer takes as the user's
-choice (devices.share_cores): they are not pinned, and Horovod's threads keep normal priority,
-sharing the 2 cores with both ranks' compute, where the emulator's sleeping backward leaves them
-free. The emulated Horovod steps come out shorter (0.058 for LeNet, 0.101 for ResNet-18, against
-DDP's 0.043 and 0.036); that the cores' sharing is the whole gap is likely, not measured.
-Releasing every gradient when the backward ends instead (the compiled-backward mode, no overlap
-at all) overshot: LeNet 159 and 162 ms emulated against 131 and 133 real.
+see shows here: in the real runs compute and the allreduce share the 2 cores, and other work on
+this shared machine delays ranks at random, so the other rank is late to the allreduce
+(stragglers); the emulator's ranks sleep on time. The real ranks run with OMP_NUM_THREADS=1
+(tools/emulate.py's launch sets it), which the trainer takes as the user's choice
+(devices.share_cores): they are not pinned, and Horovod's threads keep normal priority. The
+emulated Horovod steps mostly come out shorter, by more the more of the allreduce overlaps real
+compute. Giving Horovod's threads the highest priority instead (nice -20,
+benchmarks/diagnostics/comm_first.py) did not close that gap: ResNet-18 errors of -0.06 and
+-0.01 against -0.04 and -0.05 at normal priority (batch 32, 360 Mbit/s, 2 repeats each), so
+it is not the threads waiting for a core. Releasing every gradient when the backward ends
+instead (the compiled-backward mode, no overlap at all) overshot: LeNet 159 and 162 ms emulated
+against 131 and 133 real.
 """
 import os
 import shutil
