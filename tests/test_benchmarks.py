@@ -236,7 +236,7 @@ def test_a_short_step_is_timed_over_more_steps_up_to_the_most():
     assert steps_for(dict(one_rank, compute_s=1.0), 100, cfg) == 3  # 100 s a step: cfg's steps
 
 
-def test_a_point_at_d_2d_and_4d_loses_its_1_over_d_term_only_where_it_shows():
+def test_a_point_at_d_2d_4d_and_8d_loses_its_1_over_d_term_only_where_it_shows():
     pair = run.scaling_model_heldout_error.without_1_over_d
     at = lambda d, steps: {"dilation": d, "steps_s": steps, "cpu_share": 0.1 * d / 100}  # noqa: E731
     # step(D) = 5 ms + 0.4 s / D, with a little noise: 5 ms comes back, and the software cost 0.4 s.
@@ -254,3 +254,12 @@ def test_a_point_at_d_2d_and_4d_loses_its_1_over_d_term_only_where_it_shows():
     h = pair(at(100, [0.0089, 0.0091, 0.0090]), at(200, [0.0069, 0.0071, 0.0070]), at(400, [0.0071, 0.0069]))
     assert h["step_bracket_s"] is None and h["step_s"] == pytest.approx(0.0070)
     assert h["software_s"] == pytest.approx(0.2) and h["cpu_share"] == pytest.approx(0.4)
+    # Falling at 4D, stopped by 8D: the mean at 4D and 8D, the bracket of 2D and 4D dropped.
+    e = pair(at(100, [0.0089, 0.0091, 0.0090]), at(200, [0.0069, 0.0071, 0.0070]), at(400, [0.0059, 0.0061, 0.006]),
+             at(800, [0.0061, 0.0059, 0.0060]))
+    assert e["step_bracket_s"] is None and e["step_s"] == pytest.approx(0.0060)
+    assert e["step_s_at_8d"] == pytest.approx(0.006) and e["cpu_share"] == pytest.approx(0.8)
+    # Still falling at 8D: the middle of [2 step(8D) - step(4D), step(8D)].
+    f = pair(at(100, [0.0089, 0.0091, 0.0090]), at(200, [0.0069, 0.0071, 0.0070]), at(400, [0.0059, 0.0061, 0.006]),
+             at(800, [0.0054, 0.0056, 0.0055]))
+    assert f["step_bracket_s"] == pytest.approx([0.005, 0.0055]) and f["step_s"] == pytest.approx(0.00525)

@@ -9,8 +9,8 @@ time from a layer profile, time dilated by D so that no core is short (tools/emu
 dilation(): D from 62 at 2 hosts to 250 at 8). Each point's step is the mean of its timed
 steps, as many as last about 3 s of real time (3 to 30), and each point runs at D and again at
 2D: a software cost of this machine that does not dilate adds up to c/D to a step. Where the step
-falls from D to 2D by more than its noise, the point runs at 4D as well, and its step is read
-from the three (without_1_over_d).
+falls from D to 2D by more than its noise, the point runs at 4D, and at 8D if it falls again,
+and its step is read from where it stopped falling (without_1_over_d).
 Three models, each a CPU layer profile
 (tools/layer_profile.py, batch 32, one thread) scaled to a step of GPU size: ResNet-18 to the
 H100's measured step (results-gpu.json, batch 128, compiled bf16: 2.70 ms), MobileNetV2 and
@@ -54,7 +54,7 @@ MODES = {"default": {}, "fp16": {"fp16": True}, "k4": {"k": 4}, "fusion-off": {"
 PORT_MODES = {"horovod": ("default", "fp16", "k4", "fusion-off", "compiled"), "ddp": ("default", "k4", "compiled")}
 FIT = {("horovod", "default"), ("horovod", "fp16"), ("horovod", "fusion-off"), ("ddp", "default")}
 FULL = dict(hosts=(2, 3, 4, 6, 8), fit_hosts=(2, 4), models=tuple(MODELS), ports=("horovod", "ddp"), steps=3,
-            warmup=1, timed_s=3.0, max_steps=30, at_2d=True, at_4d=True, capacity_hosts=16, gpu_table=True)
+            warmup=1, timed_s=3.0, max_steps=30, at_2d=True, most_d=8, capacity_hosts=16, gpu_table=True)
 QUICK = dict(hosts=(2,), fit_hosts=(2,), models=("lenet",), ports=("horovod",), steps=2, warmup=1,
              timed_s=0.0, max_steps=2, at_2d=False, capacity_hosts=None, gpu_table=False)
 
@@ -159,39 +159,46 @@ def falls(a, b):
     return s1 - s2 > 2 * (e1 * e1 + e2 * e2) ** 0.5
 
 
-def without_1_over_d(at_d, at_2d, at_4d=None):
-    """One point from the same job at D, 2D and, where the step fell from D to 2D, 4D. A software
-    cost that does not dilate (gloo's messages, Python, between ranks sharing the cores) adds at
-    most c/D to an emulated step. It can add less: Horovod's step is a whole number of its
-    cycles, so a cost that fits the slack of the last cycle adds nothing, and one that outgrows it
-    adds a cycle. As a function of 1/D the step is then flat near 0 and rises further out (convex),
-    so the line through two dilations, extrapolated to 1/D = 0, falls at or below the true step (at
-    it for a cost of exactly c/D), and the step at the larger D lies above it. Where no fall shows
-    from D to 2D (more than twice their standard error), the step is the mean of all the timed
-    steps. Where it falls and 4D ran: if it falls again from 2D to 4D, the step is the middle of
-    [2 step(4D) - step(2D), step(4D)] (the bracket is kept); if not, the mean of the steps at 2D
-    and 4D. Without 4D: 2 step(2D) - step(D).
+def without_1_over_d(at_d, at_2d, *further):
+    """One point from the same job at D and 2D and, where the step kept falling, at 4D, 8D, ...
+    (`further`, each the next doubling). A software cost that does not dilate (gloo's messages,
+    Python, between ranks sharing the cores) adds at most c/D to an emulated step. It can add
+    less: Horovod's step is a whole number of its cycles, so a cost that fits the slack of the
+    last cycle adds nothing, and one that outgrows it adds a cycle. As a function of 1/D the step
+    is then flat near 0 and rises further out (convex), so the line through two dilations,
+    extrapolated to 1/D = 0, falls at or below the true step (at it for a cost of exactly c/D),
+    and the step at the larger D lies above it. Where no fall shows from D to 2D (more than twice
+    their standard error), the step is the mean of all the timed steps. Where it falls: the mean
+    of the steps at the first two dilations between which it stopped falling; if it still fell
+    between the last two that ran, the middle of [2 step(last) - step(before), step(last)] (the
+    bracket is kept); with only D and 2D, 2 step(2D) - step(D).
     Keeps every dilation's steps and c = D (step(D) - step), in real seconds."""
-    (s1, _), (s2, _) = mean_se(at_d["steps_s"]), mean_se(at_2d["steps_s"])
+    runs = [at_d, at_2d, *further]
+    means = [mean_se(r["steps_s"])[0] for r in runs]
     term = falls(at_d, at_2d)
-    out = dict(at_d, step_s_at_d=s1, step_s_at_2d=s2, one_over_d_term=term, steps_s_at_2d=at_2d["steps_s"],
-               cpu_share=max(p["cpu_share"] for p in (at_d, at_2d, at_4d) if p))
+    out = dict(at_d, step_s_at_d=means[0], one_over_d_term=term, cpu_share=max(r["cpu_share"] for r in runs))
+    for i, (r, m) in enumerate(zip(runs[1:], means[1:])):
+        out.update({f"step_s_at_{2 ** (i + 1)}d": m, f"steps_s_at_{2 ** (i + 1)}d": r["steps_s"]})
     pooled = lambda *ps: sum(sum(p["steps_s"]) for p in ps) / sum(len(p["steps_s"]) for p in ps)  # noqa: E731
+    stopped = next((i for i in range(2, len(runs)) if not falls(runs[i - 1], runs[i])), None)
+    bracket = None
     if not term:
-        step, bracket = pooled(at_d, at_2d), None
-    elif at_4d is None:
-        step, bracket = 2 * s2 - s1, None
+        step = pooled(*runs)
+    elif len(runs) == 2:
+        step = 2 * means[1] - means[0]
+    elif stopped is not None:
+        step = pooled(runs[stopped - 1], runs[stopped])
     else:
-        s4, _ = mean_se(at_4d["steps_s"])
-        out.update(step_s_at_4d=s4, steps_s_at_4d=at_4d["steps_s"])
-        bracket = [2 * s4 - s2, s4] if falls(at_2d, at_4d) else None
-        step = sum(bracket) / 2 if bracket else pooled(at_2d, at_4d)
-    return dict(out, step_s=step, step_bracket_s=bracket, software_s=at_d["dilation"] * (s1 - step) if term else 0.0)
+        bracket = [2 * means[-1] - means[-2], means[-1]]
+        step = sum(bracket) / 2
+    software = at_d["dilation"] * (means[0] - step) if term else 0.0
+    return dict(out, step_s=step, step_bracket_s=bracket, software_s=software)
 
 
 def measure(cfg, profs, folder):
-    """Every point of the held-out check (each at D and 2D where cfg says at_2d, and at 4D where
-    its step fell from D to 2D and cfg says at_4d, see without_1_over_d) and the capacity job."""
+    """Every point of the held-out check: each at D, at 2D where cfg says at_2d, and at 4D, 8D,
+    ... up to cfg's most_d times D while its step keeps falling (see without_1_over_d); and the
+    capacity job."""
     points = []
     for n in cfg["hosts"]:
         d, shaped = emulate.dilation(RATE_BPS, n)
@@ -204,19 +211,23 @@ def measure(cfg, profs, folder):
         with emulate.Hosts(n, shaped / 2, folder) as hosts:
             at_2d = emulated_points(hosts, n, 2 * d, shaped / 2, launches, profs, cfg)
         key = lambda p: (p["port"], p["arch"], p["mode"])  # noqa: E731
-        fell = {key(p1) for p1, p2 in zip(at_d, at_2d) if falls(p1, p2)}
-        again = [(port, fusion, [(a, m) for a, m in todo if (port, a, m) in fell]) for port, fusion, todo in launches]
-        again = [launch for launch in again if launch[2]]
-        at_4d = {}
-        if cfg.get("at_4d") and again:
-            with emulate.Hosts(n, shaped / 4, folder) as hosts:
-                at_4d = {key(p): p for p in emulated_points(hosts, n, 4 * d, shaped / 4, again, profs, cfg)}
-        for p1, p2 in zip(at_d, at_2d):
-            p = without_1_over_d(p1, p2, at_4d.get(key(p1)))
+        runs = {key(p1): [p1, p2] for p1, p2 in zip(at_d, at_2d)}
+        falling, factor = {k for k, (p1, p2) in runs.items() if falls(p1, p2)}, 2
+        while falling and 2 * factor <= cfg.get("most_d", 2):
+            factor *= 2
+            again = [(port, fusion, [(a, m) for a, m in todo if (port, a, m) in falling])
+                     for port, fusion, todo in launches]
+            with emulate.Hosts(n, shaped / factor, folder) as hosts:
+                for p in emulated_points(hosts, n, factor * d, shaped / factor, [x for x in again if x[2]], profs,
+                                         cfg):
+                    runs[key(p)].append(p)
+            falling = {k for k in falling if falls(runs[k][-2], runs[k][-1])}
+        for p1 in at_d:
+            p = without_1_over_d(*runs[key(p1)])
             points.append(p)
-            harness.log(f"{n} hosts, {p['arch']}, {p['port']} {p['mode']}: {p1['step_s'] * 1e3:.2f} ms at D, "
-                        f"{p2['step_s'] * 1e3:.2f} at 2D" + (f", {p['step_s_at_4d'] * 1e3:.2f} at 4D"
-                                                              if "step_s_at_4d" in p else "")
+            harness.log(f"{n} hosts, {p['arch']}, {p['port']} {p['mode']}: "
+                        + ", ".join(f"{r['step_s'] * 1e3:.2f} ms at {2 ** i}D".replace(" 1D", " D")
+                                    for i, r in enumerate(runs[key(p1)]))
                         + f": {p['step_s'] * 1e3:.2f} ms")
     if cfg["capacity_hosts"]:
         n = cfg["capacity_hosts"]
@@ -367,20 +378,23 @@ def markdown(fig):
     if paired:
         fell = [p for p in paired if p["one_over_d_term"]]
         again = [p for p in fell if "step_s_at_4d" in p]
+        deeper = ", ".join(f"{sum(f'step_s_at_{k}d' in p for p in fell)} at {k}D" for k in (4, 8, 16)
+                           if any(f"step_s_at_{k}d" in p for p in fell))
         L += ["", f"Each point ran at D and at 2D; {len(fell)} of {len(paired)} steps fell at 2D by more than "
-              f"their noise, and {len(again)} of those ran at 4D too: where the step fell again it is the middle "
-              "of [2 step(4D) - step(2D), step(4D)] (" + str(sum(p["step_bracket_s"] is not None for p in again))
-              + " points), elsewhere the mean of the steps at 2D and 4D; "
+              f"their noise" + (f", and ran again while the step kept falling: {deeper}" if deeper else "")
+              + ". Where it stopped falling the step is the mean of the steps at the two dilations it stopped "
+              "between; where it still fell between the last two that ran, the middle of [2 step(last) - "
+              f"step(before), step(last)] ({sum(p['step_bracket_s'] is not None for p in again)} points); "
               + (f"{len(fell) - len(again)} without 4D are 2 step(2D) - step(D); " if len(fell) > len(again) else "")
               + "the points that did not fall are the mean of all their steps. The largest software cost taken "
               f"away: {max(p['software_s'] for p in paired):.2f} s of real time a step."]
-    L += ["", "| model | hosts | port and flags | emulated ms | at D | at 2D | at 4D | predicted ms | error | D | "
-          "CPU | held out |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    L += ["", "| model | hosts | port and flags | emulated ms | at D | at 2D | at 4D | at 8D | predicted ms | error | "
+          "D | CPU | held out |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     ms = lambda p, k: f"{p[k] * 1e3:.2f}" if k in p else "-"  # noqa: E731
     for p in sorted((p for p in fig["points"] if p["tag"] is None),
                     key=lambda p: (p["arch"], p["hosts"], p["port"], p["mode"])):
-        at = " | ".join(ms(p, k) for k in ("step_s_at_d", "step_s_at_2d", "step_s_at_4d")) if "step_s_at_2d" in p \
-            else f"{p['step_s'] * 1e3:.2f} | - | -"
+        at = " | ".join(ms(p, f"step_s_at_{k}d") for k in ("", 2, 4, 8)) if "step_s_at_2d" in p \
+            else f"{p['step_s'] * 1e3:.2f} | - | - | -"
         L.append(f"| {p['arch']} | {p['hosts']} | {flags_text(p['port'], p['mode'])} | {p['step_s'] * 1e3:.2f} | "
                  f"{at} | {p['predicted_step_s'] * 1e3:.2f} | {p['relative_error']:.3f} | {p['dilation']:.0f} | "
                  f"{p['cpu_share']:.2f} | {'yes' if p['held_out'] else 'fit'} |")
