@@ -30,7 +30,7 @@ this shared machine delays ranks at random, so the other rank is late to the all
 emulated Horovod steps mostly come out shorter, by more the more of the allreduce overlaps real
 compute. Giving Horovod's threads the highest priority instead (nice -20,
 benchmarks/diagnostics/comm_first.py) did not close that gap: ResNet-18 errors of -0.06 and
--0.01 against -0.04 and -0.05 at normal priority (batch 32, 360 Mbit/s, 2 repeats each), so
+-0.01 against -0.04 and -0.05 at normal priority (batch 32, 360 Mbit/s, 2 repeats each),
 a sign that it is not the threads waiting for a core. Releasing every gradient when the backward ends
 instead (the compiled-backward mode, no overlap at all) overshot: LeNet 159 and 162 ms emulated
 against 131 and 133 real.
