@@ -34,7 +34,7 @@ def main(argv=None):
     start = checkpoints.restore(args, model, optimizer)
     scaler = utils.make_scaler(args, device, start["scaler"])
     schedule = utils.make_schedule(args, start["schedule"], world.lr_scale)
-    train_model = utils.training_model(args, model, optimizer)
+    train_model = utils.training_model(args, model, optimizer, world)
 
     if args.evaluate:
         test = utils.evaluate(train_model, test_loader, args, world)

@@ -47,7 +47,7 @@ def main(argv=None):
     scaler = utils.make_scaler(args, device, start["scaler"])
     schedule = utils.make_schedule(args, start["schedule"], world.lr_scale)
     # DDP: gradients averaged during backward; the wrapper, not the model, compiled (--compile).
-    train_model = utils.training_model(args, model, optimizer, wrap=distributed_model)
+    train_model = utils.training_model(args, model, optimizer, world, wrap=distributed_model)
 
     if args.evaluate:
         test = utils.evaluate(train_model, test_loader, args, world)

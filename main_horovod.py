@@ -28,7 +28,8 @@ def main(argv=None):
     hvd.init()
     device = devices.place(hvd.local_rank(), hvd.local_size(), spare=devices.other_threads())
     world = utils.World.of(args, rank=hvd.rank(), size=hvd.size(), lr_size=hvd_port.lr_size(args),
-                           allreduce=lambda t: hvd.allreduce(t, op=hvd.Sum))
+                           allreduce=lambda t: hvd.allreduce(t, op=hvd.Sum),
+                           grad_path=hvd_port.grad_path(args))
     launch.stop_on(args.stop_signal)  # a scheduler's warning signal, as SIGTERM
     reports = world.reports
 
@@ -38,11 +39,10 @@ def main(argv=None):
     train_loader, test_loader = utils.make_loaders(args, train_set, test_set, device, world)
 
     model = utils.build_model(args, device)
-    # Horovod: BatchNorm over the global batch (--sync-bn); gradients allreduced in backward;
+    # Horovod: BatchNorm over the global batch (--sync-bn); gradients averaged (grad_path's way);
     # rank 0 restores and broadcasts where to start, the optimizer state if any, the weights.
-    if args.sync_bn:
-        model = utils.replace_batchnorm(model, hvd.SyncBatchNorm)
-    optimizer = distributed_optimizer(args, model, utils.make_optimizer(model, args))
+    model = utils.replace_batchnorm(model, hvd.SyncBatchNorm) if args.sync_bn else model
+    optimizer = distributed_optimizer(args, model, utils.make_optimizer(model, args), world)
     start = checkpoints.restore(args, model, optimizer) if reports else None
     start = hvd.broadcast_object(start, name="start")
     if start["optimizer_state"]:
@@ -50,7 +50,7 @@ def main(argv=None):
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     scaler = utils.make_scaler(args, device, start["scaler"])
     schedule = utils.make_schedule(args, start["schedule"], world.lr_scale)
-    train_model = utils.training_model(args, model, optimizer)
+    train_model = utils.training_model(args, model, optimizer, world)
 
     if args.evaluate:
         test = utils.evaluate(train_model, test_loader, args, world)
@@ -81,10 +81,10 @@ def main(argv=None):
     return model, log.history
 
 
-# Horovod: allreduce gradients from backward (once per --batches-per-allreduce passes), as
-# contiguous views where channels_last; give back the fused step's flag it drops.
-def distributed_optimizer(args, model, optimizer):
-    wrapped = hvd.DistributedOptimizer(
+# Horovod: gradients averaged per step, from backward's hooks or in one allreduce after it (path
+# one, hvd_port.py), as contiguous views; give back the fused step's flag the wrapper drops.
+def distributed_optimizer(args, model, optimizer, world=utils.World()):
+    wrapped = (hvd_port.OneAllreduce if world.grad_path == "one" else hvd.DistributedOptimizer)(
         optimizer, named_parameters=model.named_parameters(), groups=args.allreduce_groups,
         compression=hvd_port.compression(args.fp16_allreduce),
         backward_passes_per_step=args.batches_per_allreduce,

@@ -9,6 +9,7 @@ One function knows of Horovod's DistributedOptimizer by its methods:
 `optimizer_step` calls its synchronize() before the step when it has one.
 """
 import contextlib
+import copy
 import dataclasses
 import math
 from typing import Callable
@@ -35,7 +36,8 @@ class World:
     rank's own). lr_scale multiplies the base LR (linear scaling). no_sync: the
     trained model is DDP's, whose no_sync() holds back the gradient reduction of a
     step's first k - 1 backward passes. adasum: Horovod's Adasum optimizer, which
-    reduces inside step()."""
+    reduces inside step(). grad_path: how the gradients reach Horovod's allreduce (hooks, one or
+    regions: training/hvd_port.py); under regions --compile compiles the model stage by stage."""
     rank: int = 0
     size: int = 1
     allreduce: Callable = local_sum
@@ -43,6 +45,7 @@ class World:
     batches_per_allreduce: int = 1
     no_sync: bool = False
     adasum: bool = False
+    grad_path: str = "hooks"
 
     @classmethod
     def of(cls, args, *, size, lr_size=None, **fields):
@@ -116,10 +119,11 @@ def compile_mode(args, device):
     return "max-autotune-no-cudagraphs" if accumulates else "reduce-overhead"
 
 
-def training_model(args, model, optimizer, wrap=None):
+def training_model(args, model, optimizer, world=World(), wrap=None):
     """What the loop calls: `model` with its weights and momentum in channels_last under
     --channels-last, wrapped by `wrap` if given (DDP's port), and torch.compile'd under
-    --compile. Save `model` itself.
+    --compile, as a whole or, where `world.grad_path` is regions, stage by stage
+    (compiled_regions). Save `model` itself.
 
     The wrapper is compiled, not wrapped around the compiled model: Dynamo then splits DDP's
     graph at its buckets (DDPOptimizer), so each bucket's allreduce starts while the rest of
@@ -134,8 +138,28 @@ def training_model(args, model, optimizer, wrap=None):
         model = wrap(model)
     if not args.compile:
         return model
-    compiled = torch.compile(model, mode=compile_mode(args, device), dynamic=False)
+    mode = compile_mode(args, device)
+    if world.grad_path == "regions":
+        compiled = compiled_regions(model, mode)
+    else:
+        compiled = torch.compile(model, mode=mode, dynamic=False)
     return FullBatchesCompiled(model, compiled, args.batch_size)
+
+
+def compiled_regions(model, mode):
+    """A twin of `model` (the same parameters and buffers) whose children that hold parameters
+    each run as a compiled graph of their own; what the model's own forward does between them
+    runs eagerly. A compiled graph's backward is one node to autograd, which accumulates its
+    parameters' gradients when that node ends: a stage's gradients then reach Horovod's hooks
+    while the stages before it are still to run backward, where a model compiled whole hands
+    over every gradient at its very end. ResNet-18: conv1, bn1, layer1-4 and linear, seven
+    graphs."""
+    twin = copy.copy(model)
+    twin.__dict__["_modules"] = {
+        name: torch.compile(child, mode=mode, dynamic=False)
+        if child is not None and next(child.parameters(), None) is not None else child
+        for name, child in model._modules.items()}
+    return twin
 
 
 class FullBatchesCompiled(torch.nn.Module):

@@ -101,6 +101,34 @@ def test_elastic_refuses_what_an_elastic_job_cannot_do():
         parse("--evaluate", port="elastic")
     with pytest.raises(UsageError, match="--use-adasum needs Horovod's MPI controller"):
         parse("--use-adasum", port="elastic")
+    with pytest.raises(UsageError, match="main_elastic.py reduces gradients from backward's hooks only"):
+        parse("--grad-allreduce", "one", port="elastic")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--grad-allreduce", "one", "--use-adasum"], "--use-adasum and --allreduce-groups work per tensor"),
+    (["--grad-allreduce", "one", "--allreduce-groups", "2"], "work per tensor: drop one of them"),
+    (["--grad-allreduce", "regions"], "compiles the model stage by stage: add --compile"),
+    (["--grad-allreduce", "all"], "invalid choice"),
+])
+def test_a_gradient_path_that_cannot_work_is_one_line(argv, needle):
+    with pytest.raises(UsageError, match=needle.replace("-", r"\-")):
+        parse(*argv, port="horovod")
+
+
+def test_auto_picks_the_gradient_path_from_compile_hosts_and_per_tensor_flags(monkeypatch):
+    import horovod.torch as hvd
+
+    from training import hvd_port
+    hosts = {"n": 1}
+    monkeypatch.setattr(hvd, "cross_size", lambda: hosts["n"])
+    assert hvd_port.grad_path(parse(port="horovod")) == "hooks"  # eager: the hooks overlap backward
+    assert hvd_port.grad_path(parse("--compile", port="horovod")) == "one"
+    assert hvd_port.grad_path(parse("--compile", "--allreduce-groups", 2, port="horovod")) == "regions"
+    assert hvd_port.grad_path(parse("--compile", "--grad-allreduce", "hooks", port="horovod")) == "hooks"
+    hosts["n"] = 2
+    assert hvd_port.grad_path(parse("--compile", port="horovod")) == "regions"
+    assert hvd_port.grad_path(parse(port="horovod")) == "hooks"
 
 
 def test_synthetic_size_is_checked_once_for_flags_and_generator(tmp_path):

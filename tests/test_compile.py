@@ -12,7 +12,8 @@ gradient to another of the equal inputs, a gradient as valid as eager's.
 
 Under DDP the wrapper is compiled, not the model (utils.training_model): at np=2 with
 --batches-per-allreduce 2 and an epoch whose last step is smaller (its second pass eager, through
-the same wrapper), its weights equal, bit for bit, those of the Horovod port compiled alike.
+the same wrapper), its weights equal, bit for bit, those of the Horovod port compiled alike, on
+each of the port's paths (--grad-allreduce hooks, one, regions: training/hvd_port.py).
 """
 import torch
 
@@ -45,11 +46,16 @@ def test_compiled_step_with_hooks_and_accumulation_equals_eager(data_dir, tmp_pa
     assert not torch.equal(init.state_dict()["conv1.weight"], runs["eager"]["conv1.weight"])
 
 
-def test_ddp_compiles_its_wrapper_and_equals_horovod_compiled(data_dir, tmp_path):
+def test_ddp_compiles_its_wrapper_and_equals_horovod_compiled_on_each_path(data_dir, tmp_path):
     # 250 images a rank in steps of 2 x 32: three whole steps, then 32 + 26
     args = ["--batches-per-allreduce", 2, "--warmup-epochs", 0, "--compile"]
     ddp = assert_ok(run_ddp(2, common_args(data_dir, tmp_path / "ddp", *args, epochs=1), timeout=400))
-    assert_ok(run_horovod(2, common_args(data_dir, tmp_path / "hvd", *args, epochs=1), timeout=400))
     assert read_metrics(tmp_path / "ddp")[0]["world_size"] == "2", ddp.stdout
-    assert_states_equal(load_ckpt(tmp_path / "ddp" / "ckpt.pth")["model"],
-                        load_ckpt(tmp_path / "hvd" / "ckpt.pth")["model"], "DDP and Horovod compiled")
+    want = load_ckpt(tmp_path / "ddp" / "ckpt.pth")["model"]
+    # Horovod's every path under --compile: per-tensor hooks after the compiled backward, one
+    # allreduce of all gradients (auto's pick on one host), the model compiled stage by stage
+    for path in ("hooks", "one", "regions"):
+        folder = tmp_path / path
+        assert_ok(run_horovod(2, common_args(data_dir, folder, *args, "--grad-allreduce", path, epochs=1),
+                              timeout=400))
+        assert_states_equal(want, load_ckpt(folder / "ckpt.pth")["model"], f"DDP and Horovod's {path}")

@@ -1,6 +1,7 @@
 """One model of each kind takes real optimizer steps under each port at np=2, with every
 parameter's gradient reduced and the weights moving alike on both ranks
-(tests/probes/every_model.py). That a model trains to an accuracy is shown for a few models
+(tests/probes/every_model.py), and under Horovod on both its reductions: a hook per tensor, and
+one allreduce of every gradient (--grad-allreduce one). That a model trains to an accuracy is shown for a few models
 elsewhere.
 
 One process group per port walks the models: SGD steps (two under DDP, one under Horovod) per
@@ -37,7 +38,7 @@ def one_of_each_kind():
     return sorted(name for _, name in smallest.values())
 
 
-@pytest.mark.parametrize("port", ["ddp", "horovod"])
+@pytest.mark.parametrize("port", ["ddp", "horovod", "horovod-one"])
 def test_every_model_steps_with_all_its_gradients_reduced_alike_at_np2(port):
     names = one_of_each_kind()
     assert len(names) == 22 and {"resnet18", "resnet50", "vgg11", "lenet"} <= set(names), names
@@ -45,7 +46,7 @@ def test_every_model_steps_with_all_its_gradients_reduced_alike_at_np2(port):
         cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                *probe_cmd("every_model", "ddp")[1:], *names]
     else:
-        cmd = [os.path.join(BIN, "horovodrun"), "-np", "2", "--gloo", *probe_cmd("every_model", "horovod"), *names]
+        cmd = [os.path.join(BIN, "horovodrun"), "-np", "2", "--gloo", *probe_cmd("every_model", port), *names]
     r = subprocess.run(cmd, env=env(), capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     said = dict(line.rsplit(" ", 1) if line.endswith(" ok") else line.split(" FAILED: ", 1)

@@ -130,10 +130,16 @@ def test_np1_without_launcher_and_horovodrun_mpi_with_adasum(data_dir, tmp_path)
 
 def test_fp16_allreduce_batches_per_allreduce_and_amp(data_dir, tmp_path):
     # In the GPU's channels_last layout, whose gradients the fp16 compression and the
-    # accumulation must take as they take contiguous ones.
-    args = common_args(data_dir, tmp_path, "--fp16-allreduce", "--batches-per-allreduce", 2, "--amp",
-                       "--channels-last", "--warmup-epochs", 0, epochs=1, batch=16, lr=0.01)
+    # accumulation must take as they take contiguous ones; and the same in one allreduce of
+    # every gradient (--grad-allreduce one), whose weights must equal the hooks' bit for bit.
+    flags = ["--fp16-allreduce", "--batches-per-allreduce", 2, "--amp", "--channels-last", "--warmup-epochs", 0]
+    one = tmp_path / "one"
+    assert_ok(run_horovod(2, common_args(data_dir, one, *flags, "--grad-allreduce", "one", epochs=1, batch=16,
+                                         lr=0.01)))
+    args = common_args(data_dir, tmp_path, *flags, epochs=1, batch=16, lr=0.01)
     assert_ok(run_horovod(2, args, probe=tmp_path))
+    assert_states_equal(load_ckpt(tmp_path / "ckpt.pth")["model"], load_ckpt(one / "ckpt.pth")["model"],
+                        "the hooks' and one allreduce's")
     ranks = load_ranks(tmp_path, 2)
     assert_ranks_identical(ranks)
     row = read_metrics(tmp_path)[0]

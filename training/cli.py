@@ -24,13 +24,15 @@ from training.errors import UsageError
 from training.recipe import RECIPE
 
 FAST = recipe.RECIPES["fast"]
+GRAD_ALLREDUCE = ("auto", "hooks", "one", "regions")
 COMPILE_MODES = ("auto", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 # Every trainer's flags hold every port's fields, so that the engine reads args.X without
 # asking which trainer it serves; where a trainer has no such flag, its field holds the value
 # that means "not used" (one process: no warm-up, one backward pass per step, no sweep).
 NOT_USED = {"warmup_epochs": 0.0, "batches_per_allreduce": 1, "sync_bn": False,
-            "fp16_allreduce": False, "use_adasum": False, "allreduce_groups": None, "sweep": None,
+            "fp16_allreduce": False, "use_adasum": False, "allreduce_groups": None,
+            "grad_allreduce": "hooks", "sweep": None,
             "ranks_per_run": None, "search": None, "trials": None, "pruner": None, "sampler": None}
 
 
@@ -174,6 +176,13 @@ def add_horovod_args(p):
     g.add_argument("--allreduce-groups", type=int, default=None, metavar="N",
                    help="allreduce the gradients in N grouped requests per step instead of one per "
                         "tensor (DistributedOptimizer's groups; default: one per tensor)")
+    g.add_argument("--grad-allreduce", choices=GRAD_ALLREDUCE, default="auto",
+                   help="how gradients reach Horovod: hooks (an allreduce per tensor from "
+                        "backward's hooks), one (every gradient in one allreduce after backward), "
+                        "regions (with --compile: the model's stages compiled apart, each "
+                        "stage's gradients reduced when its backward ends); auto: hooks eager, "
+                        "and under --compile one on one host, regions across hosts or with "
+                        "--allreduce-groups or --use-adasum (training/hvd_port.py)")
     return p
 
 
@@ -330,6 +339,12 @@ def parse_args(parser, argv=None):
         raise UsageError(f"--lr must be a positive number (got {args.lr})")
     if args.allreduce_groups is not None and args.allreduce_groups <= 0:
         raise UsageError(f"--allreduce-groups must be positive (got {args.allreduce_groups})")
+    if args.grad_allreduce == "one" and (args.use_adasum or args.allreduce_groups is not None):
+        raise UsageError("--grad-allreduce one reduces every gradient in one allreduce, and "
+                         "--use-adasum and --allreduce-groups work per tensor: drop one of them")
+    if args.grad_allreduce == "regions" and not args.compile:
+        raise UsageError("--grad-allreduce regions compiles the model stage by stage: add "
+                         "--compile, or drop it")
     if args.workers < 0 or args.profile_steps < 0 or args.warmup_epochs < 0:
         raise UsageError("--workers, --profile-steps and --warmup-epochs must not be negative")
     if not 0 <= args.cutout <= 32:
@@ -380,6 +395,9 @@ def parse_args(parser, argv=None):
         if args.use_adasum:
             raise UsageError("--use-adasum needs Horovod's MPI controller, and elastic runs use "
                              "gloo; use main_horovod.py for Adasum")
+        if args.grad_allreduce not in ("auto", "hooks"):
+            raise UsageError("main_elastic.py reduces gradients from backward's hooks only; "
+                             "drop --grad-allreduce or use main_horovod.py")
     return args
 
 

@@ -19,12 +19,30 @@ the default off.
 view of a channels_last gradient, around Horovod's own fp16 compression (--fp16-allreduce) or
 none.
 
+**How gradients reach Horovod** (--grad-allreduce, `grad_path`). Horovod's DistributedOptimizer
+allreduces each gradient from a hook on its accumulator as backward produces it, so that the
+reductions run beside the rest of the backward ("hooks"). Under torch.compile those hooks fire
+only after the whole compiled backward, where they overlap nothing and cost, per tensor, a
+compression call, a request, a handle and a wait on the host (62 of each a step for
+ResNet-18). `OneAllreduce` ("one") has DistributedOptimizer's face without its hooks: after
+the backward it lays every gradient out in one flat buffer (one copy), allreduces that as one
+request, and hands each parameter its slice as its gradient, so Horovod sees one entry, with no
+fusion copies. It is the same elementwise average, so at two processes the weights equal the
+hooks' bit for bit. Accumulation over --batches-per-allreduce needs nothing of it: the passes
+add into .grad, and the step reduces once. "regions" keeps the hooks and compiles the model
+stage by stage (utils.compiled_regions), so each stage's gradients reach Horovod when its own
+backward ends and their allreduce runs beside the stages still to come: across hosts, where the
+wire is slow, that overlap is worth more than the hooks' host cost. `grad_path` picks: hooks
+eager, and under --compile one on a single host, regions across hosts or where the reduction
+is per tensor (--allreduce-groups, Adasum).
+
 **Adasum** (--use-adasum) combines the ranks' gradients by an adaptive sum instead of averaging
 them, so the LR is not multiplied by the number of processes, as linear scaling does for an
 average. Where Horovod runs Adasum on GPUs with NCCL, it first sums the gradients within each
 host, and the LR then scales by the processes on a host. Horovod runs Adasum on its MPI
 controller only, and at power-of-two world sizes.
 """
+import contextlib
 import os
 
 import torch
@@ -75,3 +93,98 @@ def lr_size(args):
     import horovod.torch as hvd
     check(hvd.size(), hvd.mpi_enabled())
     return hvd.local_size() if torch.cuda.is_available() and hvd.nccl_built() else 1
+
+
+def grad_path(args):
+    """hooks, one or regions: --grad-allreduce, or what auto means for this job (the module's
+    docstring). Horovod must have been initialized."""
+    if args.grad_allreduce != "auto":
+        return args.grad_allreduce
+    if not args.compile:
+        return "hooks"
+    import horovod.torch as hvd
+    per_tensor = args.use_adasum or args.allreduce_groups is not None
+    return "regions" if per_tensor or hvd.cross_size() > 1 else "one"
+
+
+def _flat_view(t):
+    """(t's elements as a 1-D view in memory order, how to lay a 1-D tensor out as t): a
+    channels_last tensor goes by its contiguous NHWC view, so no byte is copied."""
+    if t.is_contiguous():
+        return t.view(-1), lambda flat: flat.view(t.shape)
+    nhwc = t.permute(layout.NHWC)
+    if nhwc.is_contiguous():
+        return nhwc.reshape(-1), lambda flat: flat.view(nhwc.shape).permute(layout.NCHW)
+    return t.reshape(-1), lambda flat: flat.view(t.shape)
+
+
+class _OneAllreduce:
+    """The methods OneAllreduce puts over the wrapped optimizer's class."""
+
+    def __init__(self, optimizer, compression, op):
+        super().__init__(optimizer.param_groups)
+        # the wrapped class's __init__ sees only the groups; a fused SGD's flag comes with it
+        self._step_supports_amp_scaling = optimizer._step_supports_amp_scaling
+        self._compression, self._op = compression, op
+        self._skip_sync = False
+
+    def _reduces(self):
+        import horovod.torch as hvd
+        # as DistributedOptimizer registers its hooks: more than one process, or elastic mode
+        return hvd.size() > 1 or os.environ.get("HOROVOD_ELASTIC") == "1"
+
+    def synchronize(self):
+        """Every gradient averaged over the ranks, in one allreduce per dtype and device; a
+        parameter without a gradient takes part with zeros, as under DistributedOptimizer."""
+        if not self._reduces():
+            return
+        import horovod.torch as hvd
+        params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+        by_kind = {}
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            by_kind.setdefault((p.grad.dtype, p.grad.device), []).append(p)
+        pending = []
+        for (dtype, _), group in by_kind.items():
+            views = [_flat_view(p.grad) for p in group]
+            flat = torch.cat([v for v, _ in views])
+            sent, ctx = self._compression.compress(flat)
+            name = f"one_allreduce.{str(dtype).split('.')[-1]}.{len(pending)}"
+            pending.append((hvd.allreduce_async_(sent, name=name, op=self._op), ctx, group, views))
+        for handle, ctx, group, views in pending:
+            flat = self._compression.decompress(hvd.synchronize(handle), ctx)
+            parts = flat.split([p.grad.numel() for p in group])
+            for p, part, (_, shape) in zip(group, parts, views):
+                p.grad = shape(part)
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        """step() without its synchronize(), after an explicit one (DistributedOptimizer's)."""
+        self._skip_sync = True
+        try:
+            yield
+        finally:
+            self._skip_sync = False
+
+    def step(self, closure=None):
+        if not self._skip_sync:
+            self.synchronize()
+        return super().step(closure)
+
+
+def OneAllreduce(optimizer, named_parameters, compression, op, groups=None,
+                 backward_passes_per_step=1):
+    """`optimizer` with hvd.DistributedOptimizer's face (synchronize, skip_synchronize, step) and
+    one allreduce of every gradient in synchronize() instead of a hook per tensor. Takes
+    DistributedOptimizer's arguments: groups must be None (one request is one group), and the
+    backward passes per step need no count (they add into .grad; the step reduces once).
+    Like DistributedOptimizer, it reduces only where there is more than one process or
+    HOROVOD_ELASTIC=1 is set (benchmarks/diagnostics/hooks_on.py)."""
+    import horovod.torch as hvd
+    if groups is not None or op == hvd.Adasum:
+        raise UsageError("one allreduce of every gradient has no groups and no Adasum: "
+                         "use --grad-allreduce hooks or regions")
+    del named_parameters, backward_passes_per_step  # no hooks, no count (docstring)
+    cls = type(optimizer.__class__.__name__, (_OneAllreduce, optimizer.__class__), {})
+    return cls(optimizer, compression, op)

@@ -2,6 +2,7 @@
 
     torchrun --standalone --nproc_per_node 2 tests/probes/every_model.py ddp [NAME ...]
     horovodrun -np 2 --gloo python tests/probes/every_model.py horovod [NAME ...]
+    horovodrun -np 2 --gloo python tests/probes/every_model.py horovod-one [NAME ...]
 
 One process group for the whole registry: each model is wrapped as its trainer wraps it
 (main_ddp.distributed_model, main_horovod.distributed_optimizer, with the weights' broadcast
@@ -10,7 +11,8 @@ own random batch of 2, and then every rank compares a checksum of each weight wi
 Rank 0 prints `NAME ok` for a model whose every parameter but those listed in STILL got a
 non-zero averaged gradient (a weight's movement would not show it: weight decay alone moves
 every weight), whose weights moved, stayed finite and are the same on every rank; else
-`NAME FAILED: why`.
+`NAME FAILED: why`. `horovod-one` wraps it as --grad-allreduce one does (every gradient in one
+allreduce), and a model also fails there unless its reduced gradients lie in one buffer.
 """
 import os
 import sys
@@ -52,9 +54,10 @@ def setup():
 
     import main_horovod
     hvd.init()
+    world = utils.World(grad_path="one" if PORT == "horovod-one" else "hooks")
 
     def wrap(args, model, optimizer):
-        optimizer = main_horovod.distributed_optimizer(args, model, optimizer)
+        optimizer = main_horovod.distributed_optimizer(args, model, optimizer, world)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # a fresh optimizer: no state to send
         return model, optimizer
     return hvd.rank(), wrap, lambda t: hvd.allgather(t.unsqueeze(0), name="checksums")
@@ -81,6 +84,7 @@ def main():
             utils.optimizer_step(optimizer, scaler)
             reached |= {n for n, p in model.named_parameters() if p.grad is not None and p.grad.any()}
         dead = sorted(n for n, _ in model.named_parameters() if n not in reached)
+        buffers = {p.grad.untyped_storage().data_ptr() for p in model.parameters() if p.grad is not None}
         params = list(model.parameters())
         sums = torch.stack([p.detach().double().sum() for p in params])
         every = gather(sums)
@@ -93,6 +97,8 @@ def main():
             why = f"no gradient reached {dead} (expected none but {STILL.get(name, [])})"
         elif not any(not torch.equal(b, p) for b, p in zip(before, params) if p.requires_grad):
             why = "no weight moved"
+        elif PORT == "horovod-one" and len(buffers) != 1:
+            why = f"its gradients lie in {len(buffers)} buffers, not in one allreduce's"
         if rank == 0:
             print(f"{name} ok" if why is None else f"{name} FAILED: {why}", flush=True)
 
