@@ -47,6 +47,7 @@ from benchmarks.figures import (
     allreduce_overlap_np2,
     ddp_scaling_efficiency_np2,
     emulator_vs_real_error,
+    horovod_compiled_overlap_window_ratio,
     horovod_hook_overhead_ms,
     horovod_idle_threads_gain,
     horovod_np1_overhead,
@@ -66,8 +67,9 @@ from training import devices
 # benchmarks/figures/ named by its NAME, with harness.py's interface, and one entry here.
 FIGURES = [loader_speedup, horovod_np1_overhead, horovod_hook_overhead_ms, scaling_efficiency_np2,
            ddp_scaling_efficiency_np2, horovod_vs_ddp_np2, horovod_idle_threads_gain, allreduce_overlap_np2,
-           layout_design_cost, sweep_wall_time, search_wall_time_vs_grid, search_best_acc_minus_grid,
-           emulator_vs_real_error, scaling_model_heldout_error, real_data_accuracy]
+           horovod_compiled_overlap_window_ratio, layout_design_cost, sweep_wall_time,
+           search_wall_time_vs_grid, search_best_acc_minus_grid, emulator_vs_real_error,
+           scaling_model_heldout_error, real_data_accuracy]
 
 
 def parse_args(argv):
