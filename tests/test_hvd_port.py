@@ -16,11 +16,13 @@ def test_adasum_needs_mpi_and_a_power_of_two():
         hvd_port.check(3, mpi_enabled=True)
 
 
-def test_async_completion_is_given_on_cuda_only_and_never_over_the_users_setting(monkeypatch):
-    monkeypatch.delenv("HOROVOD_ENABLE_ASYNC_COMPLETION", raising=False)
+def test_async_completion_and_a_short_cycle_are_given_on_cuda_only_and_never_over_the_users(monkeypatch):
+    for name in ("HOROVOD_ENABLE_ASYNC_COMPLETION", "HOROVOD_CYCLE_TIME"):
+        monkeypatch.delenv(name, raising=False)
     assert hvd_port.apply(cuda=False) == {}
-    assert "HOROVOD_ENABLE_ASYNC_COMPLETION" not in os.environ
-    assert hvd_port.apply(cuda=True) == {"HOROVOD_ENABLE_ASYNC_COMPLETION": "1"}
+    assert "HOROVOD_ENABLE_ASYNC_COMPLETION" not in os.environ and "HOROVOD_CYCLE_TIME" not in os.environ
+    assert hvd_port.apply(cuda=True) == {"HOROVOD_ENABLE_ASYNC_COMPLETION": "1", "HOROVOD_CYCLE_TIME": "0.1"}
     assert os.environ["HOROVOD_ENABLE_ASYNC_COMPLETION"] == "1"
-    monkeypatch.setenv("HOROVOD_ENABLE_ASYNC_COMPLETION", "0")
+    for name in ("HOROVOD_ENABLE_ASYNC_COMPLETION", "HOROVOD_CYCLE_TIME"):
+        monkeypatch.setenv(name, "0")
     assert hvd_port.apply(cuda=True) == {} and os.environ["HOROVOD_ENABLE_ASYNC_COMPLETION"] == "0"

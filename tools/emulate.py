@@ -107,7 +107,8 @@ def model_point(profile, hosts, rate_bps, port="horovod", k=1, fp16=False, compi
     """The scaling model's point for an emulated case (rate_bps: the emulated link's)."""
     return dict(n=hosts * gpus_per_host, rate_bps=rate_bps, tensors=gradient_bytes(profile),
                 compute_s=profile["step_s"], backward_s=profile["backward_s"],
-                ready=layer_profile.ready_times(profile), k=k, fp16=fp16, compiled=compiled, fusion=fusion,
+                ready=layer_profile.ready_times(profile, compiled == "regions"), k=k, fp16=fp16,
+                compiled=compiled, fusion=fusion,
                 port=port)
 
 
@@ -162,10 +163,10 @@ class Hosts:
         return ["bash", SCRIPT, "on", str(host), *map(str, cmd)]
 
 
-def rank_env(dilation_, fusion):
-    """The emulated ranks' environment: Horovod's cycle dilated, its stall warnings off (a
-    dilated step may last minutes), fusion on or off."""
-    env = {"HOROVOD_CYCLE_TIME": f"{scaling_model.CYCLE_S * 1e3 * dilation_:g}", "HOROVOD_STALL_CHECK_DISABLE": "1"}
+def rank_env(dilation_, fusion, cycle_s=scaling_model.CYCLE_S):
+    """The emulated ranks' environment: Horovod's cycle (cycle_s) dilated, its stall warnings
+    off (a dilated step may last minutes), fusion on or off."""
+    env = {"HOROVOD_CYCLE_TIME": f"{cycle_s * 1e3 * dilation_:g}", "HOROVOD_STALL_CHECK_DISABLE": "1"}
     if not fusion:
         env["HOROVOD_FUSION_THRESHOLD"] = "0"
     return env
@@ -216,15 +217,16 @@ def launch(hosts, port, script, env_extra, timeout, work):
             log.close()
 
 
-def run_plan(hosts, port, cases, dilation_, fusion=True, timeout=1800):
-    """Run `cases` in one job on the hosts under `port` ("horovod" or "ddp"): rank 0's results."""
+def run_plan(hosts, port, cases, dilation_, fusion=True, timeout=1800, cycle_s=scaling_model.CYCLE_S):
+    """Run `cases` in one job on the hosts under `port` ("horovod" or "ddp"), Horovod's cycle
+    `cycle_s` (undilated): rank 0's results."""
     work = tempfile.mkdtemp(prefix="plan-", dir=os.path.dirname(hosts.env["CLUSTER_DIR"]))
     try:
         plan, out = os.path.join(work, "plan.json"), os.path.join(work, "out.json")
         with open(plan, "w") as f:
             json.dump({"dilation": dilation_, "cases": cases}, f)
         launch(hosts, port, ["-m", "tools.emulated_rank", "--port", port, "--plan", plan, "--out", out],
-               rank_env(dilation_, fusion), timeout, work)
+               rank_env(dilation_, fusion, cycle_s), timeout, work)
         with open(out) as f:
             return json.load(f)["cases"]
     finally:
@@ -260,8 +262,11 @@ def parse_args(argv):
     p.add_argument("--fp16-allreduce", action="store_true", help="Horovod's fp16 compression")
     p.add_argument("--batches-per-allreduce", type=int, default=1, metavar="K",
                    help="backward passes per allreduce (default: %(default)s)")
-    p.add_argument("--compile", action="store_true",
-                   help="the backward pass as one graph, every gradient ready at its end (--compile)")
+    p.add_argument("--compile", nargs="?", const="whole", choices=("whole", "regions"), default=None,
+                   help="the backward pass compiled: as one graph, every gradient ready at its end "
+                        "(--compile, or --compile whole), or stage by stage, each stage's gradients "
+                        "ready at its end (--compile regions: the Horovod port's --grad-allreduce "
+                        "regions)")
     p.add_argument("--fusion-off", action="store_true", help="Horovod's fusion off (HOROVOD_FUSION_THRESHOLD=0)")
     p.add_argument("--gpus-per-host", type=int, default=1, metavar="G",
                    help="each host a node of G GPUs computing in step (default: %(default)s)")
@@ -282,7 +287,10 @@ def parse_args(argv):
         p.error("--step-ms must be positive and --dilation at least 1")
     if args.port == "ddp" and (args.fp16_allreduce or args.fusion_off):
         p.error("--fp16-allreduce and --fusion-off are Horovod's; drop them with --port ddp")
+    if args.port == "ddp" and args.compile == "regions":
+        p.error("--compile regions is the Horovod port's; DDP's compiled wrapper is split at its buckets")
     args.rate_bps = parse_rate(args.rate)
+    args.compiled = {None: False, "whole": True, "regions": "regions"}[args.compile]
     return args
 
 
@@ -334,7 +342,7 @@ def emulate(args):
         d, shaped = args.dilation, args.rate_bps / ring_share(args.hosts, args.gpus_per_host) / args.dilation
     fusion = not args.fusion_off
     point = model_point(prof, args.hosts, args.rate_bps, args.port, args.batches_per_allreduce, args.fp16_allreduce,
-                        args.compile, fusion, args.gpus_per_host)
+                        args.compiled, fusion, args.gpus_per_host)
     predicted = scaling_model.step_s(point, scaling_model.FITTED)
     wall = predicted * d * (args.steps + 2) * 1.5 + 120
     n_gpus = args.hosts * args.gpus_per_host
@@ -344,11 +352,12 @@ def emulate(args):
           + "".join(f", {f}" for f, on in (("--fp16-allreduce", args.fp16_allreduce),
                                              (f"--batches-per-allreduce {args.batches_per_allreduce}",
                                               args.batches_per_allreduce > 1),
-                                             ("--compile", args.compile), ("fusion off", args.fusion_off)) if on),
+                                             (f"--compile {args.compile}", args.compile),
+                                             ("fusion off", args.fusion_off)) if on),
           flush=True)
     print(f"layer times: {prof['source']}; time dilated {d:g}x (links shaped to {shaped / 1e6:.3g} Mbit/s), "
           f"about {wall / 60:.0f} min at most", flush=True)
-    cases = [case("cli", prof, args.batches_per_allreduce, args.fp16_allreduce, args.compile, args.steps)]
+    cases = [case("cli", prof, args.batches_per_allreduce, args.fp16_allreduce, args.compiled, args.steps)]
     folder = tempfile.mkdtemp(prefix="cifar-emulate-")
     try:
         with Hosts(args.hosts, shaped, folder) as hosts:

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 import models
+import utils
 
 
 def leaf_layers(model):
@@ -171,14 +172,41 @@ def fitted(profile, forward_s, backward_s, optimizer_s, source):
     return out
 
 
-def ready_times(profile):
+def ready_times(profile, regions=False):
     """[(seconds after the backward pass starts, bytes)] of every gradient tensor, in the order
-    they become ready: what the scaling model overlaps the allreduce with."""
-    t, out = 0.0, []
+    they become ready: what the scaling model overlaps the allreduce with. `regions`: the model
+    compiled stage by stage (utils.compiled_regions), each stage's gradients ready together when
+    its last layer's backward ends (stage_ends)."""
+    done = backward_done(profile)
+    if regions:
+        done = stage_ends(profile, done)
+    in_backward_order = zip(reversed(done), reversed(profile["layers"]))
+    return [(t, b) for t, layer in sorted(in_backward_order, key=lambda x: x[0]) for b in layer["bytes"]]
+
+
+def backward_done(profile):
+    """When each layer (forward order) ends its backward, in seconds after the pass starts."""
+    t, done = 0.0, []
     for layer in reversed(profile["layers"]):
         t += layer["backward_s"]
-        out += [(t, b) for b in layer["bytes"]]
-    return out
+        done.append(t)
+    return done[::-1]
+
+
+def stage_ends(profile, done):
+    """Each layer's time in `done` put off to the end of its region (utils.regions), which
+    utils.compiled_regions compiles as one graph, whose backward hands over all its gradients
+    when it ends."""
+    with torch.device("meta"):  # names only: no weights made
+        names = [name for name, _ in utils.regions(models.get_model(profile["arch"], num_classes=10))]
+
+    def region(param):
+        return next((n for n in names if param.startswith(n + ".")), param)
+    stage = [region(layer["params"][0]) for layer in profile["layers"]]
+    end = {}
+    for s, t in zip(stage, done):
+        end[s] = max(end.get(s, 0.0), t)
+    return [end[s] for s in stage]
 
 
 def main(argv=None):

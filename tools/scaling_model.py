@@ -14,7 +14,10 @@ has ended, so the backward pass hides what it can of them. Assumptions, each a s
   for every gradient tensor in the order the pass makes them, from a layer profile
   (tools/layer_profile.py). Without one, the tensors, last layer first, are taken as ready at
   even steps through the backward pass. Under --compile (`compiled`) Horovod's hooks fire when
-  the compiled backward pass ends: every gradient is ready then. DDP's compiled wrapper is split
+  the compiled backward pass ends: every gradient is ready then, and one allreduce of them all
+  (--grad-allreduce one) sends the same bytes at the same time. Compiled "regions" (the model
+  compiled stage by stage) makes each stage's gradients ready when that stage's backward ends:
+  `ready` holds those times (tools/layer_profile.py). DDP's compiled wrapper is split
   into one graph per bucket (DDPOptimizer), so its buckets become ready as in eager mode.
 - **Messages**: Horovod (`port` "horovod") wakes every cycle (1 ms) and sends in one fused
   message every tensor ready by then (up to the fusion buffer, 128 MB); with fusion off
@@ -59,13 +62,13 @@ TIE_S = 1e-9
 
 # (efficiency, latency s, spread) as the figure scaling_model_heldout_error fitted them on the emulator
 # (benchmarks/results/RESULTS.md): what tools/emulate.py predicts with.
-FITTED = (0.90, 5.6e-6, 0.0)
+FITTED = (0.88, 1.8e-6, 0.0)
 
 
 def ready_times(point):
     """[(seconds after the last backward pass starts, bytes)] of the gradient tensors in the
     order they become ready (see the module's docstring)."""
-    if point.get("compiled") and point.get("port", "horovod") == "horovod":
+    if point.get("compiled") is True and point.get("port", "horovod") == "horovod":
         return [(point["backward_s"], b) for b in reversed(point["tensors"])]
     if point.get("ready"):
         return sorted(point["ready"], key=lambda r: r[0])

@@ -165,10 +165,11 @@ def add_distributed_args(p, title="distributed"):
 def add_horovod_args(p):
     """The Horovod port's flags (main_horovod.py, main_elastic.py): the shared ones and its own."""
     g = add_distributed_args(p, "Horovod")
-    g.description = ("On CUDA, Horovod starts with HOROVOD_ENABLE_ASYNC_COMPLETION=1 unless the\n"
-                     "environment sets it: a step's allreduce then completes as a CUDA event the\n"
-                     "training stream waits on, not in a wait that holds the host\n"
-                     "(training/hvd_port.py). HOROVOD_ENABLE_ASYNC_COMPLETION=0 turns it off.")
+    g.description = ("On CUDA, Horovod starts with HOROVOD_ENABLE_ASYNC_COMPLETION=1 and\n"
+                     "HOROVOD_CYCLE_TIME=0.1 unless the environment sets them: a step's allreduce\n"
+                     "then completes as a CUDA event the training stream waits on, not in a wait\n"
+                     "that holds the host, and a gradient waits at most 0.1 ms for Horovod's next\n"
+                     "cycle (training/hvd_port.py). Set either variable to keep Horovod's own.")
     g.add_argument("--fp16-allreduce", action="store_true",
                    help="compress gradients to float16 for the allreduce")
     g.add_argument("--use-adasum", action="store_true",
