@@ -263,3 +263,31 @@ def test_a_point_at_d_2d_4d_and_8d_loses_its_1_over_d_term_only_where_it_shows()
     f = pair(at(100, [0.0089, 0.0091, 0.0090]), at(200, [0.0069, 0.0071, 0.0070]), at(400, [0.0059, 0.0061, 0.006]),
              at(800, [0.0054, 0.0056, 0.0055]))
     assert f["step_bracket_s"] == pytest.approx([0.005, 0.0055]) and f["step_s"] == pytest.approx(0.00525)
+
+
+def test_the_trace_report_finds_the_streams_gaps_and_what_lies_over_them(tmp_path):
+    # Two steps of 1 ms on the host; on the training stream (7) kernels with gaps of 200, 100 and 300 us;
+    # a cudaStreamSynchronize over 150 us of the first gap and Horovod's synchronize over the whole
+    # second; an NCCL kernel on another stream; two graph launches a step.
+    import gzip
+    import json
+
+    from benchmarks.gpu import trace_report
+    ev = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{i}", "ts": i * 1000, "dur": 1000}
+          for i in range(2)]
+    ev += [{"ph": "X", "cat": "kernel", "name": "sm90_conv", "ts": a, "dur": b - a, "args": {"stream": 7}}
+           for a, b in ((0, 300), (500, 900), (1000, 1300), (1600, 1900))]
+    ev += [{"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_f32", "ts": 950, "dur": 100,
+            "args": {"stream": 9}},
+           {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "ts": 250, "dur": 200},
+           {"ph": "X", "cat": "user_annotation", "name": "hvd.synchronize", "ts": 1300, "dur": 300}]
+    ev += [{"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": t, "dur": 5}
+           for t in (10, 20, 1010, 1020)]
+    with gzip.open(tmp_path / "run.trace.json.gz", "wt") as f:
+        json.dump({"traceEvents": ev}, f)
+    r = trace_report.report(str(tmp_path))["run"]
+    assert r["steps"] == 2 and r["step_ms"] == 1.0 and r["graph_launches"] == 2
+    assert r["gpu_busy_ms"] == 0.65 and r["gpu_idle_ms"] == 0.3 and r["gaps_per_step"] == 1.5
+    assert r["over_gaps"]["hvd.synchronize"] == 0.15 and r["over_gaps"]["cudaStreamSynchronize"] == 0.075
+    assert r["nccl_ms"] == 0.05 and r["copy_ms"] == 0
+    assert any("GPU busy 0.65 ms" in line for line in trace_report.lines({"run": r}))

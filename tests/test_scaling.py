@@ -160,3 +160,29 @@ def test_the_probe_fits_a_linear_link_exactly_and_a_bent_one_near_its_rate():
     ms = [1.2, 1.2, 1.1, 1.0, 1.4, 5.5, 10.3, 15.4, 25.1, 41.3]
     latency, bandwidth = allreduce.fit_line(2, [(b, t / 1e3) for b, t in zip(allreduce.sizes(242_460), ms)])
     assert 0 < latency < 1.2e-3 and 0.9 * 50e6 < bandwidth < 1.1 * 50e6, (latency, bandwidth)
+
+
+def test_regions_hand_over_a_blocks_gradients_when_its_backward_ends():
+    # ResNet-18's names, 1 ms of backward a layer: linear ends first, then layer1.0's bn1 and conv1
+    # (one region, utils.regions), then conv1. Compiled by regions, bn1's gradients wait for
+    # conv1 of their block; the model's step then lies between eager's and the whole graph's.
+    from tools import layer_profile
+    layers = [("conv1.weight",), ("layer1.0.conv1.weight",), ("layer1.0.bn1.weight", "layer1.0.bn1.bias"),
+              ("linear.weight", "linear.bias")]
+    sizes = {"conv1.weight": 100, "layer1.0.conv1.weight": 200, "layer1.0.bn1.weight": 10,
+             "layer1.0.bn1.bias": 11, "linear.weight": 300, "linear.bias": 4}
+    prof = {"arch": "resnet18", "layers": [{"params": list(ps), "bytes": [sizes[p] for p in ps], "backward_s": 1e-3}
+                                           for ps in layers]}
+    ms = [(round(t * 1e3, 6), b) for t, b in layer_profile.ready_times(prof)]
+    assert ms == [(1, 300), (1, 4), (2, 10), (2, 11), (3, 200), (4, 100)]
+    ms = [(round(t * 1e3, 6), b) for t, b in layer_profile.ready_times(prof, regions=True)]
+    assert ms == [(1, 300), (1, 4), (3, 10), (3, 11), (3, 200), (4, 100)]
+    # On a slow link the earlier a gradient leaves, the shorter the step.
+    mb = 1 << 20
+    point = dict(n=2, rate_bps=8 * 25 * mb / 1e-3, tensors=[25 * mb] * 4, compute_s=6e-3, backward_s=4e-3,
+                 cycle_s=1e-4)
+    eager = dict(point, ready=[(t * 1e-3, 25 * mb) for t in (1, 2, 3, 4)])
+    regions = dict(point, compiled="regions", ready=[(t * 1e-3, 25 * mb) for t in (2, 2, 4, 4)])
+    whole = dict(point, compiled=True)
+    steps = [scaling_model.step_s(p, (1.0, 0.0)) for p in (eager, regions, whole)]
+    assert steps[0] < steps[1] < steps[2], steps

@@ -58,51 +58,60 @@ def setup(python):
     return subprocess.run(["bash", os.path.join(ROOT, "scripts", "setup.sh")], cwd=ROOT, env=setup_env).returncode
 
 
-# The jobs that give results-gpu.json's port figures and Horovod's levers (merge), by name.
+# The jobs that give results-gpu.json's port figures and Horovod's levers (merge), by name. Each
+# port runs at np=1 with the reduction every job of two or more runs: Horovod's forced on
+# (benchmarks.diagnostics.hooks_on) on the path --compile picks on one node (one allreduce),
+# DDP with its buckets.
 MAIN_BF16, MAIN_BF16_512 = "main.py bf16 --compile", "main.py bf16 --compile, batch 512"
 HOOKS_BF16, HOOKS_BF16_512 = "main_horovod.py np=1, hooks on, bf16 --compile", \
     "main_horovod.py np=1, hooks on, bf16 --compile, batch 512"
-DDP_BF16 = "main_ddp.py np=1 (torchrun), bf16 --compile"
-# Horovod's levers on the hooks' per-step cost, each against HOOKS_BF16 (the ports' defaults:
-# on CUDA, asynchronous completion; training/hvd_port.py).
-# First the cycle: the hooks' measured cost is about 3 ms a step at batch 128 and 512 alike.
+DDP_BF16, DDP_BF16_512 = "main_ddp.py np=1 (torchrun), bf16 --compile", \
+    "main_ddp.py np=1 (torchrun), bf16 --compile, batch 512"
+# Horovod's other paths under --compile, beside the default (training/hvd_port.py).
+PATHS = {"per-tensor hooks": ["--grad-allreduce", "hooks"], "regions": ["--grad-allreduce", "regions"]}
+# Horovod's levers on the per-step cost, each against HOOKS_BF16 (the ports' defaults on CUDA:
+# asynchronous completion, a 0.1 ms cycle; training/hvd_port.py).
 LEVERS = {
-    "0.1 ms cycle": ([], {"HOROVOD_CYCLE_TIME": "0.1"}),
+    "1 ms cycle": ([], {"HOROVOD_CYCLE_TIME": "1"}),
     "asynchronous completion off": ([], {"HOROVOD_ENABLE_ASYNC_COMPLETION": "0"}),
-    "--allreduce-groups 1": (["--allreduce-groups", "1"], {}),
-    "no fusion": ([], {"HOROVOD_FUSION_THRESHOLD": "0"}),
+    "hooks, --allreduce-groups 1": (["--grad-allreduce", "hooks", "--allreduce-groups", "1"], {}),
+    "hooks, no fusion": (["--grad-allreduce", "hooks"], {"HOROVOD_FUSION_THRESHOLD": "0"}),
 }
 
 
 def jobs(cfg):
-    """(name, launcher, flags, extra environment[, images]) of each job. launcher: main | hvd |
-    hooks (main_horovod.py at np=1 with its gradient hooks on and Horovod's elastic mode off,
-    benchmarks.diagnostics.hooks_on: the per-rank cost of every np >= 2 job) | ddp | nosearch
-    (main.py through benchmarks.gpu.no_cudnn_benchmark)."""
+    """(name, launcher, flags, extra environment[, images]) of each job, the ports' figures first.
+    launcher: main | hvd | hooks (main_horovod.py at np=1 with its reduction on and Horovod's
+    elastic mode off, benchmarks.diagnostics.hooks_on: the per-rank cost of every np >= 2 job) |
+    ddp | nosearch (main.py through benchmarks.gpu.no_cudnn_benchmark)."""
     elastic = {"HOROVOD_ELASTIC": "1"}  # the hooks and Horovod's elastic mode, as main_elastic.py
     bf16, fp16 = ["--amp", "--amp-dtype", "bfloat16"], ["--amp", "--amp-dtype", "float16"]
     big = ["--batch-size", "512", "--lr", "0.4"]
+    compiled = [*bf16, "--compile"]
     return [
+        (MAIN_BF16, "main", compiled, {}),
+        (HOOKS_BF16, "hooks", compiled, {}),
+        (DDP_BF16, "ddp", compiled, {}),
+        (MAIN_BF16_512, "main", [*compiled, *big], {}),
+        (HOOKS_BF16_512, "hooks", [*compiled, *big], {}),
+        (DDP_BF16_512, "ddp", [*compiled, *big], {}),
+        *[(f"{HOOKS_BF16}, {path}", "hooks", [*compiled, *flags], {}) for path, flags in PATHS.items()],
+        *[(f"{HOOKS_BF16_512}, {path}", "hooks", [*compiled, *big, *flags], {}) for path, flags in PATHS.items()],
+        *[(f"{HOOKS_BF16}, {lever}", "hooks", [*compiled, *flags], env)
+          for lever, (flags, env) in LEVERS.items()],
+        (f"{HOOKS_BF16}, elastic mode", "hvd", compiled, elastic),
         ("main.py", "main", [], {}),
         ("main.py --no-channels-last", "main", ["--no-channels-last"], {}),
         ("main.py --amp --amp-dtype bfloat16", "main", bf16, {}),
         ("main.py --amp --amp-dtype float16", "main", fp16, {}),
         ("main.py --compile", "main", ["--compile"], {}),
-        (MAIN_BF16, "main", [*bf16, "--compile"], {}),
-        (MAIN_BF16_512, "main", [*bf16, "--compile", *big], {}),
         ("main_horovod.py np=1", "hvd", [], {}),
         ("main_horovod.py np=1, gradient hooks on", "hooks", [], {}),
         ("main_horovod.py np=1, hooks on, --no-channels-last", "hooks", ["--no-channels-last"], {}),
         ("main_horovod.py np=1, hooks on, bf16", "hooks", bf16, {}),
         ("main_horovod.py np=1, hooks on, fp16", "hooks", fp16, {}),
-        (HOOKS_BF16, "hooks", [*bf16, "--compile"], {}),
-        (HOOKS_BF16_512, "hooks", [*bf16, "--compile", *big], {}),
-        *[(f"{HOOKS_BF16}, {lever}", "hooks", [*bf16, "--compile", *flags], env)
-          for lever, (flags, env) in LEVERS.items()],
-        (f"{HOOKS_BF16}, elastic mode", "hvd", [*bf16, "--compile"], elastic),
         ("main_ddp.py np=1 (torchrun)", "ddp", [], {}),
         ("main_ddp.py np=1 (torchrun), bf16", "ddp", bf16, {}),
-        (DDP_BF16, "ddp", [*bf16, "--compile"], {}),
     ] + [  # fp32 eager at two data sizes, alternating, with cuDNN's algorithm search off
         (f"main.py, cudnn search off, {n:,} images ({i})", "nosearch", [], {}, n)
         for i in (1, 2) for n in (10000, 50000)
@@ -278,7 +287,11 @@ def merge(path, device, cfg, results):
     rates = {j["job"]: j for j in results if j.get("images_per_s")}
     for name, job in (("horovod_hooks_bs128_bf16", HOOKS_BF16), ("main_bs128_bf16_same_machine", MAIN_BF16),
                       ("horovod_hooks_bs512_bf16", HOOKS_BF16_512), ("main_bs512_bf16_same_machine", MAIN_BF16_512),
-                      ("ddp_bs128_bf16", DDP_BF16)):
+                      ("ddp_bs128_bf16", DDP_BF16), ("ddp_bs512_bf16", DDP_BF16_512),
+                      *((f"horovod_{path.replace(' ', '_').replace('-', '_')}_bs128_bf16", f"{HOOKS_BF16}, {path}")
+                        for path in PATHS),
+                      *((f"horovod_{path.replace(' ', '_').replace('-', '_')}_bs512_bf16", f"{HOOKS_BF16_512}, {path}")
+                        for path in PATHS)):
         if job in rates:
             res["runs"][name] = {"images_per_s": rates[job]["images_per_s"], "images": cfg["images"],
                                  "command": rates[job]["command"], "env": rates[job]["env"]}
@@ -286,8 +299,9 @@ def merge(path, device, cfg, results):
     levers = [*LEVERS, "elastic mode"]
     res["levers"] = {lever: {"images_per_s": rates[f"{HOOKS_BF16}, {lever}"]["images_per_s"],
                              "over_defaults": rates[f"{HOOKS_BF16}, {lever}"]["images_per_s"] / default
-                             if default else None}
-                     for lever in levers if f"{HOOKS_BF16}, {lever}" in rates}
+                             if default else None} if f"{HOOKS_BF16}, {lever}" in rates
+                     else {"images_per_s": None, "over_defaults": None, "why": "not run"}
+                     for lever in levers}
     res["second_command"] = {"device": device, "config": cfg, "jobs": results}
     gpu.write(path, res)
 

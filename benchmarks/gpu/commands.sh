@@ -2,31 +2,39 @@
 # The two GPU commands, from the repository root of a copy on the GPU machine, on its own PyTorch.
 #
 #   bash benchmarks/gpu/commands.sh first OUT [--data DIR] [--kit KIT] [--budget SECONDS]
-#       benchmarks/gpu/figures.py: data, airbench94 beside, accuracy, time to its accuracy, speed;
-#       meanwhile Horovod builds against this PyTorch (scripts/setup.sh), at the lowest priority
-#       on a quarter of the cores, and its wheel, stripped of debug information, is left in OUT
+#       benchmarks/gpu/traces.py plain: main.py and DDP at batch 128 and 512 under torch.profiler
+#       (OUT/traces/), then benchmarks/gpu/figures.py: data, airbench94 beside, accuracy, time to
+#       its accuracy, speed; meanwhile Horovod builds against this PyTorch (scripts/setup.sh), at
+#       the lowest priority on a quarter of the cores, and its wheel, stripped of debug
+#       information, is left in OUT
 #   bash benchmarks/gpu/commands.sh second OUT [--kit KIT] [--budget SECONDS] [check.py flags]
-#       Horovod's wheel from OUT (or a build), then benchmarks/gpu/check.py's jobs (the ports
-#       beside main.py, Horovod's levers, resumes, CUDA paths), merged into OUT/results-gpu.json
+#       Horovod's wheel from OUT (or a build), benchmarks/gpu/traces.py horovod (its three paths
+#       under torch.profiler), then benchmarks/gpu/check.py's jobs (the ports beside main.py, its
+#       paths, Horovod's levers, resumes, CUDA paths), merged into OUT/results-gpu.json
+#
+# The traces are read on any machine afterwards: python -m benchmarks.gpu.trace_report OUT/traces
 #
 # --data DIR   real CIFAR-10 (default ./data, where `python main.py --download` puts it)
 # --kit KIT    a folder for a machine without package registries: horovod-0.28.1.tar.gz, the
 #              wheels Horovod's build lacks (cffi, pycparser) and airbench-0.1.8.tar.gz; without
 #              it, pip fetches them
 # --budget S   seconds the command may take (default: 900 for the first, 600 for the second)
+# --cpu-smoke  the same steps small, on the CPU, to try a command before spending GPU time on it
+#              (the second then needs the set-up's .venv with Horovod)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 usage() { echo "usage: bash benchmarks/gpu/commands.sh first|second OUT [--data DIR] [--kit KIT] [--budget S]" >&2; exit 2; }
 [ $# -ge 2 ] || usage
 what=$1 out=$2
 shift 2
-data=data kit="" budget=""
+data=data kit="" budget="" smoke=() py=python3
 extra=()
 while [ $# -gt 0 ]; do
     case $1 in
         --data) data=$2; shift 2 ;;
         --kit) kit=$(readlink -f "$2"); shift 2 ;;
         --budget) budget=$2; shift 2 ;;
+        --cpu-smoke) smoke=(--cpu-smoke) py=.venv/bin/python; shift ;;
         *) extra+=("$1"); shift ;;
     esac
 done
@@ -38,7 +46,9 @@ if [ -n "$kit" ]; then
     [ -f "$kit/airbench-0.1.8.tar.gz" ] && airbench=(--airbench "$kit/airbench-0.1.8.tar.gz")
 fi
 mkdir -p "$out"
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$out/device.txt"
+if [ ${#smoke[@]} -eq 0 ]; then
+    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$out/device.txt"
+fi
 cores=$(nproc)
 started=$SECONDS
 
@@ -58,12 +68,20 @@ case $what in
 first)
     pin() { if command -v taskset >/dev/null; then taskset -c "$@"; else shift; "$@"; fi; }
     quarter=$((cores / 4 > 0 ? cores / 4 : 1))
-    (pin "$((cores - quarter))-$((cores - 1))" nice -n 19 bash scripts/setup.sh > "$out/horovod-build.log" 2>&1
-     echo "setup exit $?" >> "$out/horovod-build.log") &
-    build=$!
-    # the measurements' budget leaves a tenth for the build to end and its wheel to be packed
-    pin "0-$((cores - quarter - 1))" python3 -m benchmarks.gpu.figures --data "$data" "${airbench[@]}" \
-        --out "$out/results-gpu.json" --budget "$((budget * 9 / 10 - 20))" "${extra[@]}" 2>&1 | tee "$out/first.log"
+    build=""
+    if [ ${#smoke[@]} -eq 0 ]; then  # a smoke run keeps the machine's .venv as it is
+        (pin "$((cores - quarter))-$((cores - 1))" nice -n 19 bash scripts/setup.sh > "$out/horovod-build.log" 2>&1
+         echo "setup exit $?" >> "$out/horovod-build.log") &
+        build=$!
+    fi
+    # a third of the budget to look inside a step, the rest to the figures; a tenth of it left for
+    # the build to end and its wheel to be packed
+    pin "0-$((cores - quarter - 1))" "$py" -m benchmarks.gpu.traces "$out" plain --budget "$((budget / 3))" "${smoke[@]}" \
+        2>&1 | tee "$out/traces.log"
+    pin "0-$((cores - quarter - 1))" "$py" -m benchmarks.gpu.figures --data "$data" "${airbench[@]}" \
+        "${smoke[@]}" --out "$out/results-gpu.json" --budget "$((budget * 9 / 10 - 20 - (SECONDS - started)))" "${extra[@]}" \
+        2>&1 | tee "$out/first.log"
+    [ -n "$build" ] || exit 0
     while kill -0 "$build" 2>/dev/null && [ $((SECONDS - started)) -lt "$((budget - 15))" ]; do sleep 2; done
     tail -3 "$out/horovod-build.log"
     export_wheel
@@ -74,9 +92,15 @@ second)
         mkdir -p "$CIFAR_HVD_CACHE/$(cat "$out/horovod-wheel-dir.txt")"
         cp "$out"/horovod-*.whl "$CIFAR_HVD_CACHE/$(cat "$out/horovod-wheel-dir.txt")/"
     fi
-    bash scripts/setup.sh > "$out/setup.log" 2>&1 || { tail -20 "$out/setup.log"; exit 1; }
-    tail -2 "$out/setup.log"
+    if [ ${#smoke[@]} -eq 0 ]; then
+        bash scripts/setup.sh > "$out/setup.log" 2>&1 || { tail -20 "$out/setup.log"; exit 1; }
+        tail -2 "$out/setup.log"
+    fi
     [ -f "$out/results-gpu.json" ] || cp benchmarks/results/results-gpu.json "$out/results-gpu.json"
+    .venv/bin/python -m benchmarks.gpu.traces "$out" horovod --budget "$(((budget - (SECONDS - started)) * 2 / 5))" \
+        "${smoke[@]}" \
+        2>&1 | tee "$out/traces-horovod.log"
+    [ ${#smoke[@]} -eq 0 ] || extra+=(--device cpu --quick --images 200 --only "bf16 --compile, regions")
     timeout "$((budget - (SECONDS - started) - 10))" .venv/bin/python -m benchmarks.gpu.check --no-setup \
         --images 50000 --merge "$out/results-gpu.json" --out "$out/gpu-check.json" "${extra[@]}" 2>&1 \
         | tee "$out/second.log"

@@ -74,7 +74,9 @@ GOALS = {"main_bs128_bf16_img_s": (">=", 35000), "main_bs512_bf16_img_s": (">=",
          "tta_accuracy_minus_airbench_tta2": (">=", 0.0), "accuracy_train_s": ("<=", 300),
          "time_to_airbench94_tta0_cold_s": ("<=", 20), "time_to_airbench94_tta0_warm_s": ("<=", 20),
          "horovod_hooks_over_main_bs128_bf16": (">=", 0.9), "horovod_hooks_over_main_bs512_bf16": (">=", 0.9),
-         "ddp_over_main_bs128_bf16": (">=", 0.9)}
+         "ddp_over_main_bs128_bf16": (">=", 0.9), "ddp_over_main_bs512_bf16": (">=", 0.9),
+         "horovod_per_tensor_hooks_over_main_bs128_bf16": None, "horovod_regions_over_main_bs128_bf16": None,
+         "horovod_per_tensor_hooks_over_main_bs512_bf16": None, "horovod_regions_over_main_bs512_bf16": None}
 # Figures reported without a goal, and why their goals were retired.
 RETIRED = {
     "speedup_vs_pytorch_cifar": "pytorch-cifar's pipeline is CPU-bound (PIL in 2 DataLoader workers): it ran at "
@@ -325,6 +327,9 @@ def figures(res):
         "horovod_hooks_over_main_bs512_bf16": ratio("horovod_hooks_bs512_bf16", "main_bs512_bf16_same_machine"),
         "ddp_over_main_bs128_bf16": ratio("ddp_bs128_bf16", "main_bs128_bf16_beside_ddp" if
                                           "main_bs128_bf16_beside_ddp" in rate else "main_bs128_bf16_same_machine"),
+        "ddp_over_main_bs512_bf16": ratio("ddp_bs512_bf16", "main_bs512_bf16_same_machine"),
+        **{f"horovod_{path}_over_main_bs{b}_bf16": ratio(f"horovod_{path}_bs{b}_bf16", f"main_bs{b}_bf16_same_machine")
+           for path in ("per_tensor_hooks", "regions") for b in (128, 512)},
     }
 
 
