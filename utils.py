@@ -1,5 +1,5 @@
-"""The training engine every trainer shares: model, optimizer, LR schedule,
-loaders, one epoch of training, and exact evaluation.
+"""The training engine every trainer shares: model, optimizer, the LR schedule it runs
+(training/schedule.py), loaders, one epoch of training, and exact evaluation.
 
 The entry points (main.py and its ports) call these functions in the same order.
 What a port differs in reaches the engine as one value, a `World`: this process's rank
@@ -11,7 +11,6 @@ One function knows of Horovod's DistributedOptimizer by its methods:
 import contextlib
 import copy
 import dataclasses
-import math
 from typing import Callable
 
 import torch
@@ -20,6 +19,7 @@ import torch.nn.functional as F
 import models
 from training import data, divergence, eager_sgd, layout, loaders, recipe
 from training.runlog import PhaseTimer, Progress, first_reaching
+from training.schedule import LRSchedule
 
 
 def local_sum(t):
@@ -37,7 +37,7 @@ class World:
     trained model is DDP's, whose no_sync() holds back the gradient reduction of a
     step's first k - 1 backward passes. adasum: Horovod's Adasum optimizer, which
     reduces inside step(). grad_path: how the gradients reach Horovod's allreduce (hooks, one or
-    regions: training/hvd_port.py); under regions --compile compiles the model stage by stage."""
+    regions: training/hvd_port.py); under regions --compile compiles the model block by block."""
     rank: int = 0
     size: int = 1
     allreduce: Callable = local_sum
@@ -122,7 +122,7 @@ def compile_mode(args, device):
 def training_model(args, model, optimizer, world=World(), wrap=None):
     """What the loop calls: `model` with its weights and momentum in channels_last under
     --channels-last, wrapped by `wrap` if given (DDP's port), and torch.compile'd under
-    --compile, as a whole or, where `world.grad_path` is regions, stage by stage
+    --compile, as a whole or, where `world.grad_path` is regions, block by block
     (compiled_regions). Save `model` itself.
 
     The wrapper is compiled, not wrapped around the compiled model: Dynamo then splits DDP's
@@ -172,7 +172,15 @@ def compiled_regions(model, mode):
     gradients when that node ends: a region's gradients then reach Horovod's hooks while the
     regions before it still run backward, where a model compiled whole hands over every
     gradient at its very end. Blocks, not whole stages: ResNet-18's last stage holds 34 of its
-    45 MB of gradients, which would wait for that whole stage's backward."""
+    45 MB of gradients, which would wait for that whole stage's backward.
+
+    Regions of one class share their forward's code, and Dynamo keeps a code's graphs in one
+    cache of at most `recompile_limit` (8) before it runs the rest eagerly: ResNet-18's blocks
+    need 7 there, VGG-16's convolutions 13. The limit is raised to the number of regions."""
+    import torch._dynamo
+    limit = torch._dynamo.config.recompile_limit
+    torch._dynamo.config.recompile_limit = max(limit, len(list(regions(model))))
+
     def twin(module):
         copied = copy.copy(module)
         copied.__dict__["_modules"] = {
@@ -210,53 +218,11 @@ class FullBatchesCompiled(torch.nn.Module):
 
 
 def make_schedule(args, saved, scale=1.0):
-    """The run's LRSchedule: `saved` (where it starts, from what LR: checkpoints' start), the
-    flags' shape, epochs and warm-up, the recipe's one-cycle peak, the port's LR scale."""
+    """The run's LRSchedule (training/schedule.py): `saved` (where it starts, from what LR:
+    checkpoints' start), the flags' shape, epochs and warm-up, the recipe's one-cycle peak, the
+    port's LR scale."""
     return LRSchedule(**saved, epochs=args.epochs, scale=scale, warmup_epochs=args.warmup_epochs,
                       shape=args.lr_schedule, peak=recipe.of(args)["onecycle_peak"])
-
-
-class LRSchedule:
-    """From base_lr at start_epoch to 0 at epochs, times `scale` (the world size under
-    Horovod), with an optional per-batch linear warm-up from base_lr to base_lr * scale
-    (Goyal et al.). `shape` cosine: stepped per epoch as in pytorch-cifar; onecycle: per
-    batch, linearly from 0 to base_lr over the first `peak` of the span (a fraction), then
-    linearly to 0 (the triangle of short CIFAR-10 schedules).
-
-    It is a pure function of the (fractional) epoch; its state is just where
-    the schedule started and from what, which is all a resume needs.
-    """
-
-    def __init__(self, base_lr, start_epoch, epochs, scale=1.0, warmup_epochs=0.0, shape="cosine",
-                 peak=None):
-        if shape == "onecycle" and not (peak and 0 < peak < 1):
-            raise ValueError(f"a one-cycle schedule needs its peak, a fraction (got {peak})")
-        self.base_lr, self.start_epoch, self.epochs = base_lr, start_epoch, epochs
-        self.scale, self.warmup_epochs, self.shape, self.peak = scale, warmup_epochs, shape, peak
-
-    def state_dict(self):
-        return {"base_lr": self.base_lr, "start_epoch": self.start_epoch}
-
-    def load_state_dict(self, state):
-        self.base_lr, self.start_epoch = state["base_lr"], state["start_epoch"]
-
-    def __call__(self, epoch):
-        span = max(self.epochs - self.start_epoch, 1)
-        if self.shape == "onecycle":
-            done, peak = (epoch - self.start_epoch) / span, self.peak
-            factor = max(done / peak if done < peak else (1 - done) / (1 - peak), 0.0)
-        else:
-            factor = 0.5 * (1 + math.cos(math.pi * (math.floor(epoch) - self.start_epoch) / span))
-        lr = self.base_lr * self.scale * factor
-        if epoch < self.warmup_epochs and self.scale != 1:
-            lr *= (epoch * (self.scale - 1) / self.warmup_epochs + 1) / self.scale
-        return lr
-
-    def apply(self, optimizer, epoch):
-        lr = self(epoch)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        return lr
 
 
 # ============================================================================

@@ -108,7 +108,7 @@ def test_elastic_refuses_what_an_elastic_job_cannot_do():
 @pytest.mark.parametrize("argv, needle", [
     (["--grad-allreduce", "one", "--use-adasum"], "--use-adasum and --allreduce-groups work per tensor"),
     (["--grad-allreduce", "one", "--allreduce-groups", "2"], "work per tensor: drop one of them"),
-    (["--grad-allreduce", "regions"], "compiles the model stage by stage: add --compile"),
+    (["--grad-allreduce", "regions"], "compiles the model block by block: add --compile"),
     (["--grad-allreduce", "all"], "invalid choice"),
 ])
 def test_a_gradient_path_that_cannot_work_is_one_line(argv, needle):

@@ -53,7 +53,7 @@ def test_ddp_compiles_its_wrapper_and_equals_horovod_compiled_on_each_path(data_
     assert read_metrics(tmp_path / "ddp")[0]["world_size"] == "2", ddp.stdout
     want = load_ckpt(tmp_path / "ddp" / "ckpt.pth")["model"]
     # Horovod's every path under --compile: per-tensor hooks after the compiled backward, one
-    # allreduce of all gradients (auto's pick on one host), the model compiled stage by stage
+    # allreduce of all gradients (auto's pick on one host), the model compiled block by block
     for path in ("hooks", "one", "regions"):
         folder = tmp_path / path
         assert_ok(run_horovod(2, common_args(data_dir, folder, *args, "--grad-allreduce", path, epochs=1),

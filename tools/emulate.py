@@ -264,7 +264,7 @@ def parse_args(argv):
                    help="backward passes per allreduce (default: %(default)s)")
     p.add_argument("--compile", nargs="?", const="whole", choices=("whole", "regions"), default=None,
                    help="the backward pass compiled: as one graph, every gradient ready at its end "
-                        "(--compile, or --compile whole), or stage by stage, each stage's gradients "
+                        "(--compile, or --compile whole), or block by block, each block's gradients "
                         "ready at its end (--compile regions: the Horovod port's --grad-allreduce "
                         "regions)")
     p.add_argument("--fusion-off", action="store_true", help="Horovod's fusion off (HOROVOD_FUSION_THRESHOLD=0)")

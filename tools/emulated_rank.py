@@ -11,7 +11,7 @@ until the layer's gradients would be ready, then returns them, so autograd accum
 the port's hooks fire in the real backward order at the profiled times. Under `compiled` (what
 --compile does) the gradients come when the compiled graph that makes them ends: for Horovod the
 first node of the backward sleeps the whole backward pass and every gradient comes after it at
-once, or, compiled "regions" (--grad-allreduce regions), each stage's when that stage ends;
+once, or, compiled "regions" (--grad-allreduce regions), each block's when that block ends;
 DDP's compiled wrapper is one graph per bucket, whose gradients come together. The
 optimizer (`SleepingOptimizer`) sleeps the step's time. Nothing else is replaced: Horovod's
 DistributedOptimizer from main_horovod.py with its hooks, cycles and fusion, or
@@ -76,15 +76,15 @@ def release_times(profile, compiled=False, port="horovod"):
     """When in the backward pass each layer (forward order) hands over its gradients, in
     profiled seconds: as it finishes; under `compiled`, Horovod's all when the compiled
     backward ends, DDP's at the end of the graph of their bucket (DDPOptimizer splits a
-    compiled DDP model at its buckets); under compiled "regions", each when its stage's graph
+    compiled DDP model at its buckets); under compiled "regions", each when its region's graph
     ends (utils.compiled_regions)."""
     layers = profile["layers"]
     total = sum(layer["backward_s"] for layer in layers) + profile["tail_s"]
     done = list(reversed(_cumulative([layer["backward_s"] for layer in reversed(layers)])))
     if not compiled:
         return done, total
-    if compiled == "regions":  # stage by stage: each stage's gradients when its graph ends
-        return layer_profile.stage_ends(profile, done), total
+    if compiled == "regions":  # by regions: each region's gradients when its graph ends
+        return layer_profile.region_ends(profile, done), total
     if port == "horovod":
         return [total] * len(layers), total
     order = list(reversed(range(len(layers))))  # backward order

@@ -175,11 +175,11 @@ def fitted(profile, forward_s, backward_s, optimizer_s, source):
 def ready_times(profile, regions=False):
     """[(seconds after the backward pass starts, bytes)] of every gradient tensor, in the order
     they become ready: what the scaling model overlaps the allreduce with. `regions`: the model
-    compiled stage by stage (utils.compiled_regions), each stage's gradients ready together when
-    its last layer's backward ends (stage_ends)."""
+    compiled block by block (utils.compiled_regions), each region's gradients ready together when
+    its last layer's backward ends (region_ends)."""
     done = backward_done(profile)
     if regions:
-        done = stage_ends(profile, done)
+        done = region_ends(profile, done)
     in_backward_order = zip(reversed(done), reversed(profile["layers"]))
     return [(t, b) for t, layer in sorted(in_backward_order, key=lambda x: x[0]) for b in layer["bytes"]]
 
@@ -193,7 +193,7 @@ def backward_done(profile):
     return done[::-1]
 
 
-def stage_ends(profile, done):
+def region_ends(profile, done):
     """Each layer's time in `done` put off to the end of its region (utils.regions), which
     utils.compiled_regions compiles as one graph, whose backward hands over all its gradients
     when it ends."""

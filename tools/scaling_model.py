@@ -16,10 +16,11 @@ has ended, so the backward pass hides what it can of them. Assumptions, each a s
   even steps through the backward pass. Under --compile (`compiled`) Horovod's hooks fire when
   the compiled backward pass ends: every gradient is ready then, and one allreduce of them all
   (--grad-allreduce one) sends the same bytes at the same time. Compiled "regions" (the model
-  compiled stage by stage) makes each stage's gradients ready when that stage's backward ends:
-  `ready` holds those times (tools/layer_profile.py). DDP's compiled wrapper is split
+  compiled block by block, utils.regions) makes each region's gradients ready when its
+  backward ends: `ready` holds those times (tools/layer_profile.py). DDP's compiled wrapper is split
   into one graph per bucket (DDPOptimizer), so its buckets become ready as in eager mode.
-- **Messages**: Horovod (`port` "horovod") wakes every cycle (1 ms) and sends in one fused
+- **Messages**: Horovod (`port` "horovod") wakes every cycle (`cycle_s`, by default its own 1 ms;
+  the port sets 0.1 ms on CUDA) and sends in one fused
   message every tensor ready by then (up to the fusion buffer, 128 MB); with fusion off
   (HOROVOD_FUSION_THRESHOLD=0) each of them is a message of its own. While a message is on
   the wire the next cycle waits for it. The cycles keep their grid from step to step, so where

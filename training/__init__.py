@@ -3,6 +3,7 @@ points (main.py and its ports) use. One concern a module:
 
   cli          the flags, their defaults and checks
   recipe       the training recipes the defaults come from
+  schedule     the learning rate as a function of the epoch
   data         CIFAR-10 on disk: download, synthetic data, loading
   loaders      which samples each rank sees, and the batches
   layout       channels_last, and the contiguous views collectives need
@@ -14,8 +15,9 @@ points (main.py and its ports) use. One concern a module:
   errors       the failures a user sees as one line
   launch       a process's rank before init, stop signals, one-line exits
   process_group  the DDP port's process group, joined and left whole
-  hvd_port     what the Horovod ports ask of Horovod: its CUDA settings, the gradients'
-               compression, Adasum's limits and LR scale
+  eager_sgd    torch's SGD, started without importing torch's compiler
+  hvd_port     what the Horovod ports ask of Horovod: its CUDA settings, how the gradients
+               reach it and their compression, Adasum's limits and LR scale
   groups       one MPI job as groups of processes, each training a Horovod run at a time
   run_queue    the queue of a sweep's runs, which groups take from
   headed       lines headed by their run, for runs printing side by side

@@ -180,8 +180,8 @@ def add_horovod_args(p):
     g.add_argument("--grad-allreduce", choices=GRAD_ALLREDUCE, default="auto",
                    help="how gradients reach Horovod: hooks (an allreduce per tensor from "
                         "backward's hooks), one (every gradient in one allreduce after backward), "
-                        "regions (with --compile: the model's stages compiled apart, each "
-                        "stage's gradients reduced when its backward ends); auto: hooks eager, "
+                        "regions (with --compile: the model's blocks compiled apart, each "
+                        "block's gradients reduced when its backward ends); auto: hooks eager, "
                         "and under --compile one on one host, regions across hosts or with "
                         "--allreduce-groups or --use-adasum (training/hvd_port.py)")
     return p
@@ -344,7 +344,7 @@ def parse_args(parser, argv=None):
         raise UsageError("--grad-allreduce one reduces every gradient in one allreduce, and "
                          "--use-adasum and --allreduce-groups work per tensor: drop one of them")
     if args.grad_allreduce == "regions" and not args.compile:
-        raise UsageError("--grad-allreduce regions compiles the model stage by stage: add "
+        raise UsageError("--grad-allreduce regions compiles the model block by block: add "
                          "--compile, or drop it")
     if args.workers < 0 or args.profile_steps < 0 or args.warmup_epochs < 0:
         raise UsageError("--workers, --profile-steps and --warmup-epochs must not be negative")

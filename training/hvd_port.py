@@ -1,6 +1,6 @@
 """What the Horovod ports ask of Horovod beyond its own defaults: the settings it starts with on
-CUDA, the compression its gradient allreduce goes through, and Adasum's limits and LR scale.
-Horovod is imported only where it is used.
+CUDA, how the gradients reach its allreduce and the compression they go through, and Adasum's
+limits and LR scale. Horovod is imported only where it is used.
 
 **Settings.** Horovod reads its settings from the environment once, in hvd.init(). On CUDA the
 ports give it HOROVOD_ENABLE_ASYNC_COMPLETION=1 (`apply`, before init). Without it, Horovod marks
@@ -36,8 +36,8 @@ request, and hands each parameter its slice as its gradient, so Horovod sees one
 fusion copies. It is the same elementwise average, so at two processes the weights equal the
 hooks' bit for bit. Accumulation over --batches-per-allreduce needs nothing of it: the passes
 add into .grad, and the step reduces once. "regions" keeps the hooks and compiles the model
-stage by stage (utils.compiled_regions), so each stage's gradients reach Horovod when its own
-backward ends and their allreduce runs beside the stages still to come: across hosts, where the
+block by block (utils.compiled_regions), so each block's gradients reach Horovod when its own
+backward ends and their allreduce runs beside the blocks still to come: across hosts, where the
 wire is slow, that overlap is worth more than the hooks' host cost. `grad_path` picks: hooks
 eager, and under --compile one on a single host, regions across hosts or where the reduction
 is per tensor (--allreduce-groups, Adasum).
