@@ -31,6 +31,8 @@ import time
 
 import torch
 
+from training.safeio import atomic_write
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")  # results.json, results-gpu.json, RESULTS.md
 
@@ -192,9 +194,7 @@ def finish(res, figures, out, started):
     res["load_average"]["end"] = list(os.getloadavg())
     res["duration_s"] = time.perf_counter() - started
     judge(res, figures)
-    with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump(res, f, indent=2)
-        f.write("\n")
+    atomic_write(os.path.join(out, "results.json"), lambda f: f.write((json.dumps(res, indent=2) + "\n").encode()))
     write_markdown(os.path.join(out, "RESULTS.md"), res, figures)
     for mod in figures:
         fig = res["figures"][mod.NAME]
@@ -296,8 +296,7 @@ def write_markdown(path, res, figures):
     if os.path.exists(gpu):
         with open(gpu) as fh:
             L += gpu_section(json.load(fh))
-    with open(path, "w") as fh:
-        fh.write("\n".join(L))
+    atomic_write(path, lambda f: f.write("\n".join(L).encode()))
 
 
 GPU_HEADING = "## On a GPU"
@@ -409,8 +408,7 @@ def write_gpu_section(path, res):
     with open(path) as fh:
         text = fh.read()
     head = text.split("\n" + GPU_HEADING, 1)[0].rstrip("\n") + "\n\n"
-    with open(path, "w") as fh:
-        fh.write(head + "\n".join(gpu_section(res)))
+    atomic_write(path, lambda f: f.write((head + "\n".join(gpu_section(res))).encode()))
 
 
 # The GPU commands' temporary folders, as commands in results-gpu.json name them.

@@ -106,7 +106,7 @@ def main(argv=None):
 
     started = time.perf_counter()
     res = harness.start_results(argv, args.quick, {k: v for c in cfgs.values() for k, v in c.items()})
-    device = devices.pick_device()  # what main.py would use (CPU: all usable cores as threads)
+    device = devices.pick_device()  # what main.py would use; share_cores then sets its threads
     devices.share_cores(device)
     harness.log(f"device {device}, {torch.get_num_threads()} torch threads; writing to {out}")
     scratch = tempfile.mkdtemp(prefix="bench-")

@@ -83,6 +83,17 @@ def test_resume_with_stop_at_not_after_the_checkpoint_is_a_usage_error(saved):
     assert checkpoints.restore(args, *_fresh(args))["epoch"] == 2
 
 
+def test_a_new_lr_on_a_finished_run_is_told_the_total_epochs_to_give(saved):
+    # pytorch-cifar's `--resume --lr 0.01` trains another schedule; here --epochs is the total, so
+    # the refusal names the flag that trains on, and with it the resume starts a new cosine.
+    folder, _ = saved
+    args = _args("--checkpoint-dir", str(folder), "--epochs", "2", "--resume", "--lr", "0.01")
+    with pytest.raises(UsageError, match=r"already finished 2 of --epochs 2; .*\(--epochs 52 trains 50 more\)"):
+        checkpoints.restore(args, *_fresh(args))
+    args = _args("--checkpoint-dir", str(folder), "--epochs", "52", "--resume", "--lr", "0.01")
+    assert checkpoints.restore(args, *_fresh(args))["schedule"] == {"base_lr": 0.01, "start_epoch": 2}
+
+
 def test_resume_says_what_it_continues(saved, capsys):
     folder, _ = saved
     path = folder / "ckpt.pth"

@@ -241,8 +241,8 @@ def already_ended(args, path, done):
     ended = done >= last and args.auto_resume
     if done >= args.epochs and not ended:
         raise UsageError(f"checkpoint {path} has already finished {done} "
-                         f"of --epochs {args.epochs}; "
-                         "pass a larger --epochs to train on")
+                         f"of --epochs {args.epochs}; --epochs is the total, so pass a larger "
+                         f"one to train on (--epochs {done + 50} trains 50 more)")
     if args.stop_at is not None and args.stop_at <= done and not ended:
         raise UsageError(f"--stop-at {args.stop_at} is not after the checkpoint's epoch {done}, "
                          "so nothing would be trained; pass a later --stop-at")

@@ -39,7 +39,7 @@ NOT_USED = {"warmup_epochs": 0.0, "batches_per_allreduce": 1, "sync_bn": False,
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         # One line instead of argparse's usage dump; --help shows the usage.
-        if "--sweep" in message:  # main_horovod.py took it before main_sweep.py did
+        if "unrecognized arguments" in message and "--sweep" in message:  # not main_sweep.py's
             message += ("; --sweep is main_sweep.py's: "
                         "mpirun -np N python main_sweep.py ... --sweep FLAG=V1,V2")
         if "unrecognized arguments" in message and "--search" in message:
@@ -379,9 +379,6 @@ def parse_args(parser, argv=None):
         raise UsageError("--resume, --auto-resume and --overwrite do not go together: pick one")
     if args.ranks_per_run is not None and args.ranks_per_run <= 0:
         raise UsageError(f"--ranks-per-run must be positive (got {args.ranks_per_run})")
-    if args.weight_decay is not None and not (args.weight_decay >= 0
-                                              and math.isfinite(args.weight_decay)):
-        raise UsageError(f"--weight-decay must be 0 or more (got {args.weight_decay})")
     check_search(args)
     if args.sweep:
         swept = [flag for flag, _ in args.sweep]

@@ -18,7 +18,7 @@ from training.errors import TrainerError, UsageError
 from training.headed import headed
 
 # Why a run failed on a rank whose collective failed because another rank of the run failed.
-PEER_FAILED = "another rank of this run failed (its error is above)"
+RUN_PEER_FAILED = "another rank of this run failed (its error is above)"
 
 
 def check_controller(flag="--sweep"):
@@ -69,7 +69,7 @@ def run_in_group(main, argv, group, head, what):
     except Exception as e:  # a collective of this run failed because another of its ranks did
         if not launch.peer_failed(e):
             raise
-        why = PEER_FAILED
+        why = RUN_PEER_FAILED
     hvd.shutdown()  # this run's Horovod; the group's next run starts its own
     return history, why
 

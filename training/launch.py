@@ -94,12 +94,12 @@ def _ignore_stop_signals():
 
 
 # A stop signal that arrived inside `stops_held`, raised when it ends.
-_held = {"depth": 0, "signum": None}
+_stops_held = {"depth": 0, "signum": None}
 
 
 def _raise_terminated(signum, frame):
-    if _held["depth"]:
-        _held["signum"] = _held["signum"] or signum
+    if _stops_held["depth"]:
+        _stops_held["signum"] = _stops_held["signum"] or signum
         return
     _ignore_stop_signals()
     raise Terminated(signum)
@@ -109,14 +109,14 @@ def _raise_terminated(signum, frame):
 def stops_held():
     """Hold the stop signals while the body runs, and stop when it ends: the epoch's
     checkpoint and its metrics.csv row are saved together, or neither is."""
-    _held["depth"] += 1
+    _stops_held["depth"] += 1
     signum = None
     try:
         yield
     finally:  # an error in the body goes on as it is; the held stop goes with it
-        _held["depth"] -= 1
-        if not _held["depth"]:
-            signum, _held["signum"] = _held["signum"], None
+        _stops_held["depth"] -= 1
+        if not _stops_held["depth"]:
+            signum, _stops_held["signum"] = _stops_held["signum"], None
     if signum is not None:
         _ignore_stop_signals()
         raise Terminated(signum)

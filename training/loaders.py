@@ -51,14 +51,14 @@ class DeviceLoader:
     """Batches from a uint8 dataset held on the training device.
 
     No worker processes and no per-step host copies: each epoch a shard of
-    indices is drawn, and augmentation (random crop from a 4-pixel zero pad,
-    horizontal flip) is one index_select per batch; `cutout` > 0 then zeroes a square
+    indices is drawn, and augmentation (random crop from a `pad`-pixel zero pad, 4 in the
+    recipes, horizontal flip) is one index_select per batch; `cutout` > 0 then zeroes a square
     of that side, wholly inside the image, in each normalized image. The random choices for each
     sample are a function of (seed, epoch, sample index), so a resumed run sees
     the same batches, and so does a run at another world size.
 
     For training, each process keeps the set padded and, beside it, padded and
-    mirrored: 2 x 40 x 40 / (32 x 32) = 3.1 times the uint8 set, 480 MB for
+    mirrored: at a pad of 4, 2 x 40 x 40 / (32 x 32) = 3.1 times the uint8 set, 480 MB for
     CIFAR-10's 50,000 images (built with one 150 MB temporary). A crop of a flipped
     image is then a window of the mirrored copy, and every window is a row of one
     strided view, so a batch is gathered with contiguous row copies (6x faster on a
@@ -97,7 +97,7 @@ class DeviceLoader:
         return math.ceil(len(self.indices()) / self.batch_size)
 
     def augmentation(self):
-        """Per-sample crop offsets (0..8 in y and x), flips and cutout corners (None without
+        """Per-sample crop offsets (0..2 pad in y and x), flips and cutout corners (None without
         cutout) for this epoch."""
         g = torch.Generator()
         g.manual_seed(hash_seed(self.seed, self.epoch, 0xA06))

@@ -102,7 +102,7 @@ def once(lock_path, done, work, hint="fix the folder's permissions"):
         return True
 
 
-_held = {}  # lock file path -> its descriptor, open for the life of the process
+_held_locks = {}  # lock file path -> its descriptor, open for the life of the process
 
 
 def hold(path, owner, hint="fix the folder's permissions"):
@@ -112,7 +112,7 @@ def hold(path, owner, hint="fix the folder's permissions"):
     whoever finds it held. Returns None once held (again if already held here), else what
     the holder wrote ("" if it has not written yet)."""
     path = os.path.abspath(path)
-    if path in _held:
+    if path in _held_locks:
         return None
     fd = _lock_file(path, hint)
     try:
@@ -122,7 +122,7 @@ def hold(path, owner, hint="fix the folder's permissions"):
             return _owner(f)
     os.ftruncate(fd, 0)
     os.pwrite(fd, owner.encode() + b"\n", 0)
-    _held[path] = fd
+    _held_locks[path] = fd
     return None
 
 
@@ -130,7 +130,7 @@ def holder_of(path):
     """Who holds the lock `hold` takes on `path`: what the holder wrote ("" if not yet),
     or None when no other process holds it or the file does not exist. Creates nothing."""
     path = os.path.abspath(path)
-    if path in _held:
+    if path in _held_locks:
         return None
     try:
         f = open(path, "rb")

@@ -306,7 +306,7 @@ class Study:
         failed = [why for why in whys if why is not None]
         with launch.stops_held(), headed(f"trial {number}"):
             if failed:  # the rank's own error before another rank's failure it caused
-                why = next((w for w in failed if w != groups.PEER_FAILED), failed[0])
+                why = next((w for w in failed if w != groups.RUN_PEER_FAILED), failed[0])
                 trial.set_user_attr("fail_reason", f"epoch {epoch}: {why}")
                 self.study.tell(number, state=TrialState.FAIL)
                 print(f"failed in epoch {epoch} (the error above); the search goes on",

@@ -53,7 +53,7 @@ def run(cfg, ctx):
     folder = os.path.join(ctx.scratch, "loader-data", data.FOLDER)
     data.generate_synthetic(folder, n, 10, seed=0)
     (x, y), _ = data.read_cifar10(folder)
-    trainer_threads = torch.get_num_threads()  # as devices.pick_device set them
+    trainer_threads = torch.get_num_threads()  # as devices.share_cores set them
     headline_threads = 1 if device.type == "cpu" else trainer_threads
     dev = loaders.DeviceLoader(x, y, batch, train=True, seed=0, device=device)
     tv = loaders.torchvision_loader(x, y, batch, train=True, seed=0, workers=2)
