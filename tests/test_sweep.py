@@ -172,7 +172,7 @@ def test_sigterm_to_every_rank_stops_every_run_and_the_resubmitted_sweep_finishe
     cmd = [*common_args(data_dir, ck, "--warmup-epochs", 0, epochs=UNTIL_ENDED), "--sweep", "seed=0,1,2"]
     job = jobs(sweep_cmd(2, cmd, "mpirun"))
     for s in ("seed0", "seed1"):
-        wait_until(lambda: len(metrics_rows(ck / s)) >= 1, 120, f"an epoch of {s}", job)
+        wait_until(lambda s=s: len(metrics_rows(ck / s)) >= 1, 120, f"an epoch of {s}", job)
     pids = rank_pids("main_sweep.py", str(ck))
     assert set(pids) == {0, 1}, pids
     for pid in pids.values():

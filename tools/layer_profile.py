@@ -105,7 +105,7 @@ def measure(arch, batch, steps=5, device=None):
 def summarize(arch, batch, device, layers, runs):
     """The per-step timestamps of `measure` as one profile of medians."""
     fwd, bwd, ready_at = {}, {}, {}
-    for started, ready, t0, t1, t2, t3 in runs:
+    for started, ready, _, t1, t2, _ in runs:
         order = sorted(started, key=started.get)  # forward execution order
         for a, b in zip(order, order[1:] + [None]):
             fwd.setdefault(a, []).append((started[b] if b else t1) - started[a])

@@ -71,7 +71,7 @@ def run(cfg, ctx):
         return {"value": None, "skipped": f"real CIFAR-10 needs {os.path.normpath(MAKER)}"}
     models, n = {}, 0
     for arch, m in cfg["accuracy_models"].items():
-        data_dir = ctx.shared(("real-cifar10", m["subset"]), lambda: real_data(ctx.scratch, m["subset"]))
+        data_dir = ctx.shared(("real-cifar10", m["subset"]), lambda m=m: real_data(ctx.scratch, m["subset"]))
         models[arch] = {"epochs": m["epochs"], "threshold": m["threshold"], "runs": {},
                         "data": (f"a class-balanced subset of {m['subset'][0]} training and {m['subset'][1]} "
                                  "test images" if m["subset"] else "all 50,000 training and 10,000 test images")}

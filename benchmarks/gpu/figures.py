@@ -414,7 +414,7 @@ def main(argv=None):
             res["time_to_anchor"] = times
         res["syncs"] = phase("syncs", lambda: syncs(scratch))
         for name in RUNS:
-            run = phase("speed", lambda: trainer_run(name, scratch))
+            run = phase("speed", lambda name=name: trainer_run(name, scratch))
             if run:
                 res["runs"][name] = run
         res["ablation"] = phase("ablation", lambda: ablation(real, scratch))
