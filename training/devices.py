@@ -21,21 +21,21 @@ from training.errors import UsageError
 
 def place(local_rank=0, local_size=1, spare=()):
     """pick_device, then share_cores: this process's device, with its share of the cores
-    taken on the CPU. On CUDA, cuDNN times its algorithms for each convolution shape once and
-    keeps the fastest (pytorch-cifar's cudnn.benchmark): the shapes here repeat every step."""
+    taken on the CPU. (main_elastic.py calls the two apart: its share changes with its world.)"""
     device = pick_device(local_rank, local_size)
     share_cores(device, local_rank, local_size, spare)
-    if device.type == "cuda":
-        torch.backends.cudnn.benchmark = True
     return device
 
 
 def pick_device(local_rank=0, local_size=1):
-    """This process's GPU (gpu_index), or the CPU where there is none."""
+    """This process's GPU (gpu_index), or the CPU where there is none. On a GPU, cuDNN times
+    its algorithms for each convolution shape once and keeps the fastest (pytorch-cifar's
+    cudnn.benchmark): the shapes here repeat every step."""
     if not torch.cuda.is_available():
         return torch.device("cpu")
     index = gpu_index(local_rank, local_size, torch.cuda.device_count())
     torch.cuda.set_device(index)
+    torch.backends.cudnn.benchmark = True
     return torch.device("cuda", index)
 
 

@@ -24,7 +24,7 @@ import statistics
 import tempfile
 
 from benchmarks import harness
-from benchmarks.figures.scaling_model_heldout_error import h100_step_s
+from benchmarks.gpu_cluster import GPU_EMULATED_HOSTS, GPUS_PER_NODE, h100_step_s
 from tools import emulate, layer_profile, scaling_model
 from training import hvd_port
 
@@ -33,7 +33,7 @@ GBPS = 100
 GOAL = (">=", 0.95)
 DESCRIPTION = "Horovod --compile (regions) efficiency over DDP's, 32 emulated H100s, 100 Gb/s between nodes"
 RUN = "main_bs128_bf16"  # results-gpu.json's H100 step
-HOSTS, GPUS_PER_HOST = 4, 8
+HOSTS, GPUS_PER_HOST = GPU_EMULATED_HOSTS, GPUS_PER_NODE
 SIDES = {  # name: (port, compiled, Horovod's cycle in seconds)
     "Horovod, regions": ("horovod", "regions", hvd_port.CYCLE_S[True]),
     "Horovod, whole": ("horovod", True, hvd_port.CYCLE_S[False]),
