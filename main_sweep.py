@@ -15,12 +15,13 @@ submitting the same command again continues what was left.
 import sys
 
 import main_horovod
-from training import cli, launch, search, sweep
+from sweeps import flags, search, sweep
+from training import launch
 from training.errors import UsageError
 
 
 def main(argv=None):
-    args = cli.parse_args(cli.add_sweep_args(cli.build_parser(__doc__)), argv)
+    args = flags.parse_args(__doc__, argv)
     if args.search:
         return search.run(main_horovod.main, args, argv)
     if not args.sweep:

@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from sweeps import flags
 from testbed.env import MPI_ENV, env, rank_pids, trainer_pids  # noqa: F401 (the tests' too)
 from training import cli
 
@@ -64,6 +65,8 @@ def common_args(data_dir, ckpt_dir, *extra, epochs=2, batch=32, lr=0.05):
 def parse(*argv, port=None):
     """A trainer's parsed and checked flags, in process: main.py's, or with port="horovod",
     "elastic", "ddp" or "sweep" that trainer's."""
+    if port == "sweep":
+        return flags.parse_args("", [str(a) for a in argv])
     parser = cli.build_parser("")
     if port:
         getattr(cli, f"add_{port}_args")(parser)

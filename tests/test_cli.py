@@ -2,6 +2,7 @@
 import pytest
 
 from helpers import parse
+from sweeps import flags
 from training import cli
 from training.errors import UsageError
 
@@ -173,7 +174,7 @@ def test_weight_decay_is_a_flag_whose_default_is_the_recipes():
 def test_a_sweeps_runs_get_every_flag_but_main_sweeps_own():
     argv = ["--arch", "lenet", "--sweep", "lr=0.1,0.2", "--ranks-per-run=1", "--sweep=seed=0,1", "--epochs", "3",
             "--ranks-per-run", "2"]
-    assert cli.run_flags(argv) == ["--arch", "lenet", "--epochs", "3"]
+    assert flags.run_flags(argv) == ["--arch", "lenet", "--epochs", "3"]
 
 
 def test_search_axes_and_their_checks():

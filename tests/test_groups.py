@@ -4,7 +4,7 @@ import types
 
 import pytest
 
-from training import groups
+from sweeps import groups
 from training.errors import UsageError
 
 

@@ -2,7 +2,7 @@
 import io
 import sys
 
-from training.headed import HeadedStream, headed
+from sweeps.headed import HeadedStream, headed
 
 
 def test_every_line_is_written_whole_with_its_head():

@@ -2,7 +2,7 @@
 taking at the same time."""
 import multiprocessing
 
-from training.run_queue import RunQueue
+from sweeps.run_queue import RunQueue
 
 
 def take_many(folder, n, out):

@@ -156,7 +156,7 @@ def test_a_trial_whose_last_epoch_was_reported_but_not_told_ends_complete_withou
     from optuna.storages.journal import JournalFileBackend
 
     from helpers import parse
-    from training import search
+    from sweeps import search
     ck = tmp_path / "ck"
     job = [*common_args(data_dir, ck, epochs=2), "--search", "lr=0.02:0.08", "--trials", "1", "--ranks-per-run", "1"]
     args = parse(*job, port="sweep")
@@ -256,7 +256,7 @@ def test_optuna_dashboard_serves_the_study(study):
 
 def test_a_trials_flags_and_the_command_alone_hold_its_values_bit_for_bit():
     from helpers import parse
-    from training import search
+    from sweeps import search
     job = ["--arch", "lenet", "--lr", "0.1", "--checkpoint-dir", "ck", "--search", "lr=log:0.01:1",
            "--search=arch=lenet,vgg11", "--trials", "4", "--epochs", "3"]
     args = parse(*job, port="sweep")

@@ -2,7 +2,7 @@
 import csv
 import types
 
-from training import search_report
+from sweeps import search_report
 
 
 def trial(number, state, value=None, lr=0.1, epochs=0, folder=None, **attrs):

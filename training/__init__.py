@@ -1,5 +1,6 @@
 """The trainer's library: everything around the training engine (utils.py) that the entry
-points (main.py and its ports) use. One concern a module:
+points (main.py and its ports) use; sweeps and search, which use the trainer, are sweeps/. One
+concern a module:
 
   cli          the flags, their defaults and checks
   recipe       the training recipes the defaults come from
@@ -18,13 +19,6 @@ points (main.py and its ports) use. One concern a module:
   eager_sgd    torch's SGD, started without importing torch's compiler
   hvd_port     what the Horovod ports ask of Horovod: its CUDA settings, how the gradients
                reach it and their compression, Adasum's limits and LR scale
-  groups       one MPI job as groups of processes, each training a Horovod run at a time
-  run_queue    the queue of a sweep's runs, which groups take from
-  headed       lines headed by their run, for runs printing side by side
-  sweep        main_sweep.py --sweep: a grid of runs as one MPI job, queued on groups
-  sweep_report what a sweep reports: sweep.csv, the table, sweep.png
-  search       main_sweep.py --search: an Optuna study over the groups, with pruning
-  search_report  what a search reports: search.csv, the best trials, search.png
 
 Importing the package imports nothing else.
 """

@@ -28,10 +28,11 @@ import os
 import shlex
 import sys
 
-from training import cli, groups, launch, safeio, search_report
+from sweeps import flags, groups, search_report
+from sweeps.headed import headed
+from training import cli, launch, safeio
 from training.devices import node_slot, take_host_share
 from training.errors import RunsFailed, TrainerError, UsageError
-from training.headed import headed
 
 STUDY = "study.journal"  # in CHECKPOINT_DIR: the study, Optuna's journal
 STUDY_NAME = "search"
@@ -54,7 +55,7 @@ def trial_values(space, params):
 def trial_argv(args, argv, number, values, epoch):
     """The flags of a trial's run up to `epoch`: the job's without main_sweep.py's own, the
     trial's values, its folder; resumed from its checkpoint, and stopped after the epoch."""
-    return [*cli.run_flags(argv), *(f"--{flag}={value}" for flag, value in values),
+    return [*flags.run_flags(argv), *(f"--{flag}={value}" for flag, value in values),
             "--checkpoint-dir", trial_folder(args, number), "--auto-resume",
             "--stop-at", str(epoch)]
 
@@ -62,7 +63,7 @@ def trial_argv(args, argv, number, values, epoch):
 def alone_argv(args, argv, values, folder):
     """The flags that retrain a trial alone with main_horovod.py, in `folder`: the job's, less
     its folder and the flags the trial sets, then the trial's values."""
-    job, kept = cli.run_flags(argv), []
+    job, kept = flags.run_flags(argv), []
     replaced = ["--checkpoint-dir", *(f"--{flag}" for flag, _ in values)]
     while job:
         a = job.pop(0)

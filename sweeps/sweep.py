@@ -24,10 +24,11 @@ last finished epoch.
 import itertools
 import os
 
-from training import cli, groups, sweep_report
+from sweeps import flags, groups, sweep_report
+from sweeps.run_queue import RunQueue
+from training import cli
 from training.devices import node_slot, take_host_share
 from training.errors import RunsFailed
-from training.run_queue import RunQueue
 
 
 def combinations(axes):
@@ -53,7 +54,7 @@ def run_argv(args, argv, name, combo):
     extra += ["--checkpoint-dir", os.path.join(args.checkpoint_dir, name)]
     if not (args.resume or args.auto_resume or args.overwrite):
         extra.append("--auto-resume")
-    return [*cli.run_flags(argv), *extra]
+    return [*flags.run_flags(argv), *extra]
 
 
 def run(main, args, argv):

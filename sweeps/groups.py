@@ -13,9 +13,9 @@ import os
 import sys
 import time
 
+from sweeps.headed import headed
 from training import launch
 from training.errors import TrainerError, UsageError
-from training.headed import headed
 
 # Why a run failed on a rank whose collective failed because another rank of the run failed.
 RUN_PEER_FAILED = "another rank of this run failed (its error is above)"

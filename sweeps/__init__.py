@@ -1,0 +1,15 @@
+"""Sweeps and search: an application built on the trainer. main_sweep.py runs one MPI job as
+groups of processes, each group training ordinary main_horovod.py runs (main_horovod.main) one
+after another. One concern a module:
+
+  sweep        --sweep: a grid of runs, queued on the groups
+  search       --search: an Optuna study over the groups, with pruning
+  groups       one MPI job as groups of processes, each training a Horovod run at a time
+  run_queue    the queue of a sweep's runs, which groups take from
+  headed       lines headed by their run, for runs printing side by side
+  sweep_report what a sweep reports: sweep.csv, the table, sweep.png
+  search_report  what a search reports: search.csv, the best trials, search.png
+
+It imports the trainer's library (training/), never the other way round. Importing the package
+imports nothing else.
+"""
