@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 import models
 from training import data, divergence, eager_sgd, layout, loaders, recipe
-from training.runlog import PhaseTimer, Progress, first_reaching
+from training.phases import PhaseTimer
+from training.runlog import Progress, first_reaching
 from training.schedule import LRSchedule
 
 

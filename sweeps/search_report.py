@@ -14,11 +14,9 @@ CHECKPOINT_DIR from the study's trials and their metrics.csv:
 
 The trials are Optuna's FrozenTrial, read here by their attributes only.
 """
-import csv
-import io
 import os
 
-from training import safeio
+from training import runlog, safeio
 
 BEST = 5  # completed trials in the table
 STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running",
@@ -27,11 +25,7 @@ STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING
 
 def metrics(folder):
     """A trial's metrics.csv rows, [] where it has none (it failed in its first epoch)."""
-    try:
-        with open(os.path.join(folder, "metrics.csv")) as f:
-            return list(csv.DictReader(f))
-    except OSError:
-        return []
+    return runlog.read_metrics(folder)
 
 
 def rows(trials, flags):
@@ -59,12 +53,7 @@ def write(folder, flags, trials, retrain, dashboard):
     table_rows = rows(trials, flags)
     columns = ["trial", "state", "value", *flags, "epochs", "best_test_acc", "train_time_s",
                "folder", "ranks", "reason"]
-    text = io.StringIO()
-    writer = csv.DictWriter(text, columns, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(table_rows)
-    safeio.atomic_write(os.path.join(folder, "search.csv"),
-                        lambda f: f.write(text.getvalue().encode()))
+    safeio.atomic_write_csv(os.path.join(folder, "search.csv"), columns, table_rows)
     print(table(table_rows, flags, folder, retrain, dashboard), flush=True)
     plot(os.path.join(folder, "search.png"), table_rows)
     return sum(r["state"] == "complete" for r in table_rows)

@@ -8,12 +8,10 @@
 - sweep.png: each run's test-accuracy curve over its epochs (from its metrics.csv), coloured by
   setting, and beside them each setting's final accuracy with its spread over seeds.
 """
-import csv
-import io
 import os
 import statistics
 
-from training import safeio
+from training import runlog, safeio
 
 COLUMNS = ("run", "status", "epochs", "final_test_acc", "best_test_acc", "train_time_s", "ranks")
 
@@ -31,12 +29,7 @@ def write(folder, flags, rows):
     """sweep.csv, the table on stdout, and sweep.png, for the runs' outcome `rows`."""
     os.makedirs(folder, exist_ok=True)
     columns = ["run", *flags, *COLUMNS[1:]]
-    text = io.StringIO()
-    writer = csv.DictWriter(text, columns, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)
-    safeio.atomic_write(os.path.join(folder, "sweep.csv"),
-                        lambda f: f.write(text.getvalue().encode()))
+    safeio.atomic_write_csv(os.path.join(folder, "sweep.csv"), columns, rows)
     settings = by_setting(flags, rows)
     print(table(settings, folder), flush=True)
     curves = {r["run"]: curve(folder, r["run"]) for r in rows}
@@ -84,11 +77,7 @@ def table(settings, folder):
 
 def curve(folder, run):
     """(epochs, test accuracies) from a run's metrics.csv; empty where it has none."""
-    try:
-        with open(os.path.join(folder, run, "metrics.csv")) as f:
-            rows = list(csv.DictReader(f))
-    except OSError:
-        return [], []
+    rows = runlog.read_metrics(os.path.join(folder, run))
     return [int(r["epoch"]) for r in rows], [float(r["test_acc"]) for r in rows]
 
 

@@ -45,16 +45,6 @@ def test_a_replaced_world_closes_without_curves(tmp_path):
     assert not (tmp_path / "curves.png").exists()
 
 
-def test_phase_timer_times_only_the_first_steps():
-    timer = runlog.PhaseTimer(2)
-    for step in range(4):
-        timer.start_step(step)
-        with timer.phase("forward"):
-            pass
-    assert len(timer.times["forward"]) == 2
-    assert timer.summary().startswith("profile: median ms per step over 2 steps: forward")
-
-
 def _row(epoch, acc, seconds=2.0, **more):
     return dict({"epoch": epoch, "lr": 0.1, "train_loss": 1.0, "train_acc": 0.5, "test_loss": 1.0,
                  "test_acc": acc, "epoch_time_s": seconds, "images_per_s": 10.0, "world_size": 1}, **more)

@@ -43,7 +43,7 @@ import torch
 
 import models
 from tools import layer_profile, scaling_model
-from training.runlog import PhaseTimer
+from training.phases import PhaseTimer
 import utils
 
 # How often a rank looks whether its allreduces have ended: 10 us of emulated time, at least

@@ -12,6 +12,7 @@ concern a module:
   checkpoints  what a run saves, every save of it, and where a run starts
   safeio       files never seen half-written, and folder locks
   runlog       what a run reports: lines, metrics.csv, TensorBoard, curves
+  phases       the step's phases timed (--profile-steps)
   divergence   the guard that stops a run whose numbers stop being finite
   errors       the failures a user sees as one line
   launch       a process's rank before init, stop signals, one-line exits

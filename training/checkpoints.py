@@ -20,7 +20,7 @@ import zipfile
 
 import torch
 
-from training import data, recipe
+from training import cli, data, recipe
 from training.errors import TrainerError, UsageError
 from training.layout import contiguous_state
 from training.safeio import atomic_write, hold, holder_of
@@ -150,10 +150,15 @@ def load_model_state(model, state, path, arch_hint):
     target.load_state_dict(state)
 
 
+def first_schedule(args):
+    """The schedule a run starts with: --lr, else the recipe's, from epoch 0."""
+    return {"base_lr": args.lr or recipe.of(args)["lr"], "start_epoch": 0}
+
+
 def fresh_start(args):
     """Where a run without a checkpoint starts."""
     return {"epoch": 0, "best_acc": 0.0,
-            "schedule": {"base_lr": args.lr or recipe.of(args)["lr"], "start_epoch": 0},
+            "schedule": first_schedule(args),
             "history": [], "optimizer_state": False, "scaler": None}
 
 
@@ -181,7 +186,7 @@ def read_start(args, reports=True):
     if already_ended(args, path, ckpt["epoch"]):
         if reports:
             print(f"{path} has finished epoch {ckpt['epoch']}: nothing left to train before "
-                  f"epoch {args.stop_at or args.epochs}", flush=True)
+                  f"epoch {cli.last_epoch(args)}", flush=True)
         return start
     start["optimizer"] = ckpt.get("optimizer") or None
     start["schedule"], restarted = schedule_after(args, ckpt["epoch"], start["schedule"])
@@ -231,13 +236,13 @@ def read_checkpoint(args, path):
 def saved_schedule(args, ckpt):
     """The LR schedule the checkpoint was trained on (pytorch-cifar's have none: the recipe's)."""
     schedule = ckpt.get("schedule") or ckpt.get("scheduler")  # format 1 said "scheduler"
-    return schedule or {"base_lr": args.lr or recipe.of(args)["lr"], "start_epoch": 0}
+    return schedule or first_schedule(args)
 
 
 def already_ended(args, path, done):
     """Whether an --auto-resume restart finds its run already at its last epoch (nothing to
     train, and no error); otherwise a resume that would train nothing is a usage error."""
-    last = args.stop_at or args.epochs
+    last = cli.last_epoch(args)
     ended = done >= last and args.auto_resume
     if done >= args.epochs and not ended:
         raise UsageError(f"checkpoint {path} has already finished {done} "

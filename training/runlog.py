@@ -1,19 +1,15 @@
-"""What a run reports: progress, per-phase timings, epoch lines, metrics.csv,
-TensorBoard and curves.png. Checkpoints are saved by checkpoints.py, not here.
+"""What a run reports: progress, epoch lines, metrics.csv, TensorBoard and curves.png.
+Checkpoints are saved by checkpoints.py, and the step's phases timed by phases.py, not here.
 
 Every reporter here takes `reports` (rank 0 is a value): the other ranks build
 the same objects and they do nothing. Nothing here talks to other processes:
 the numbers it shows were reduced before they arrive.
 """
-import contextlib
 import csv
-import io
 import os
 import sys
-import time
 
-import torch
-
+from training import safeio
 from training.safeio import atomic_write
 
 METRICS_COLUMNS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc",
@@ -48,47 +44,14 @@ class Progress:
             print(line, flush=True)
 
 
-class PhaseTimer:
-    """--profile-steps: wall time of each phase of the first `steps` steps.
-
-    Each phase is bracketed by device synchronisations, so the numbers are
-    real but the run is slower while it measures; it is off by default.
-    """
-    PHASES = ("forward", "backward", "allreduce-wait", "optimizer-step")
-
-    def __init__(self, steps, device=None):
-        self.steps, self.device = steps, device
-        self.times = {p: [] for p in self.PHASES}
-        self.active = False
-
-    def start_step(self, step):
-        self.active = step < self.steps
-        if self.active:
-            for v in self.times.values():
-                v.append(0.0)
-
-    @contextlib.contextmanager
-    def phase(self, name):
-        if not self.active:
-            yield
-            return
-        self._sync()
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._sync()
-            self.times[name][-1] += time.perf_counter() - t0
-
-    def _sync(self):
-        if self.device is not None and self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def summary(self):
-        def median(v):
-            return sorted(v)[len(v) // 2] if v else 0.0
-        parts = "  ".join(f"{p} {median(self.times[p]) * 1e3:.2f}" for p in self.PHASES)
-        return f"profile: median ms per step over {len(self.times['forward'])} steps: {parts}"
+def read_metrics(folder):
+    """The rows of a run's metrics.csv (RunLog writes it) as dicts of strings, [] where the run
+    has none (it failed in its first epoch)."""
+    try:
+        with open(os.path.join(folder, "metrics.csv")) as f:
+            return list(csv.DictReader(f))
+    except OSError:
+        return []
 
 
 class RunLog:
@@ -136,13 +99,8 @@ class RunLog:
         self._tb.flush()
 
     def write_csv(self):
-        def write(f):
-            text = io.StringIO()
-            w = csv.DictWriter(text, fieldnames=METRICS_COLUMNS, lineterminator="\n")
-            w.writeheader()
-            w.writerows({k: r[k] for k in METRICS_COLUMNS} for r in self.history)
-            f.write(text.getvalue().encode())
-        atomic_write(os.path.join(self.dir, "metrics.csv"), write)
+        path = os.path.join(self.dir, "metrics.csv")
+        safeio.atomic_write_csv(path, METRICS_COLUMNS, self.history)
 
     def close(self, final=True):
         """End the run's reporting: draw curves.png and say whether --target-acc was reached.

@@ -10,7 +10,9 @@ folder, ask for it at the same time; `hold` keeps a folder for one process at a 
 Nothing here knows what the files hold.
 """
 import contextlib
+import csv
 import fcntl
+import io
 import os
 import tempfile
 import time
@@ -49,6 +51,16 @@ def atomic_write(path, write, hint="free space or fix permissions, then --resume
         finally:
             os.close(dfd)
 
+
+
+def atomic_write_csv(path, columns, rows):
+    """A CSV of `rows` (dicts; keys beyond `columns` left out), header first, through
+    atomic_write."""
+    text = io.StringIO()
+    writer = csv.DictWriter(text, columns, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write(path, lambda f: f.write(text.getvalue().encode()))
 
 def umask():
     """This process's umask, read without changing it (Linux's /proc), else by setting it back."""
