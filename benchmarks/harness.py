@@ -303,13 +303,14 @@ GPU_HEADING = "## On a GPU"
 
 
 def gpu_section(res):
-    """RESULTS.md's last section: benchmarks/results/results-gpu.json (benchmarks/gpu/figures.py, then
-    benchmarks/gpu/check.py --merge)."""
+    """RESULTS.md's last section: benchmarks/results/results-gpu.json (benchmarks/gpu/trainer_figures.py,
+    then benchmarks/gpu/check.py --merge)."""
     machine = res["machine"]
     L = [f"{GPU_HEADING}: {res['device']}", "",
-         "From `results-gpu.json`, which `bash benchmarks/gpu/commands.sh first OUT` (benchmarks/gpu/figures.py, "
+         "From `results-gpu.json`, which `bash benchmarks/gpu/commands.sh trainer OUT` "
+         "(benchmarks/gpu/trainer_figures.py, "
          f"{res['duration_s']:.0f} s here; torch {machine['torch']}, {machine['cpu_count']} CPU cores) and then "
-         "`... second OUT` (benchmarks/gpu/check.py) write. Images/s are the "
+         "`... ports OUT` (benchmarks/gpu/check.py) write. Images/s are the "
          "trainer's own (metrics.csv, the last epoch; the first holds torch.compile's compiling). "
          "Absolute, on one machine: machines of the same kind have differed by up to 25%.", "",
          "| figure | value | goal | met |", "|---|---|---|---|"]

@@ -149,8 +149,9 @@ def test_a_quick_run_measures_judges_and_writes_its_page(tmp_path):
 
 def test_gpu_figures_refuse_without_a_gpu_in_one_line():
     if torch.cuda.is_available():
-        pytest.skip("a GPU is here: benchmarks.gpu.figures would run")
-    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu.figures"], cwd=ROOT, capture_output=True, text=True,
+        pytest.skip("a GPU is here: benchmarks.gpu.trainer_figures would run")
+    r = subprocess.run([sys.executable, "-m", "benchmarks.gpu.trainer_figures"], cwd=ROOT, capture_output=True,
+                       text=True,
                        timeout=120)
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "no CUDA GPU" in r.stderr
 

@@ -279,9 +279,9 @@ class Results(list):
 
 
 def merge(path, device, cfg, results):
-    """Add this command's jobs to the first command's results-gpu.json (benchmarks/gpu/figures.py), and
+    """Add this command's jobs to the first command's results-gpu.json (benchmarks/gpu/trainer_figures.py), and
     the Horovod-over-main.py speed figure from the two jobs that give it."""
-    from benchmarks.gpu import figures as gpu
+    from benchmarks.gpu import trainer_figures as gpu
     with open(path) as f:
         res = json.load(f)
     rates = {j["job"]: j for j in results if j.get("images_per_s")}
@@ -321,7 +321,7 @@ def main(argv=None):
                    "(default: 10,000 on a GPU)")
     p.add_argument("--out", default=None, help="also write the results here as JSON")
     p.add_argument("--merge", default=None, metavar="FILE",
-                   help="also add the results to FILE, the results-gpu.json of benchmarks.gpu.figures")
+                   help="also add the results to FILE, the results-gpu.json of benchmarks.gpu.trainer_figures")
     args = p.parse_args(argv)
     if args.device == "cuda":
         found = gpus()

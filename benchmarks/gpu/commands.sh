@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The two GPU commands, from the repository root of a copy on the GPU machine, on its own PyTorch.
 #
-#   bash benchmarks/gpu/commands.sh first OUT [--data DIR] [--kit KIT] [--budget SECONDS]
+#   bash benchmarks/gpu/commands.sh trainer OUT [--data DIR] [--kit KIT] [--budget SECONDS]
 #       benchmarks/gpu/traces.py plain: main.py and DDP at batch 128 and 512 under torch.profiler
-#       (OUT/traces/), then benchmarks/gpu/figures.py: data, airbench94 beside, accuracy, time to
-#       its accuracy, speed; meanwhile Horovod builds against this PyTorch (scripts/setup.sh), at
+#       (OUT/traces/), then benchmarks/gpu/trainer_figures.py: data, airbench94 beside, accuracy,
+#       time to its accuracy, speed; meanwhile Horovod builds against this PyTorch (scripts/setup.sh), at
 #       the lowest priority on a quarter of the cores, and its wheel, stripped of debug
 #       information, is left in OUT
-#   bash benchmarks/gpu/commands.sh second OUT [--kit KIT] [--budget SECONDS] [check.py flags]
+#   bash benchmarks/gpu/commands.sh ports OUT [--kit KIT] [--budget SECONDS] [check.py flags]
 #       Horovod's wheel from OUT (or a build), benchmarks/gpu/traces.py horovod (its three paths
 #       under torch.profiler), then benchmarks/gpu/check.py's jobs (the ports beside main.py, its
 #       paths, Horovod's levers, resumes, CUDA paths), merged into OUT/results-gpu.json
@@ -18,12 +18,12 @@
 # --kit KIT    a folder for a machine without package registries: horovod-0.28.1.tar.gz, the
 #              wheels Horovod's build lacks (cffi, pycparser) and airbench-0.1.8.tar.gz; without
 #              it, pip fetches them
-# --budget S   seconds the command may take (default: 900 for the first, 600 for the second)
+# --budget S   seconds the command may take (default: 900 for trainer, 600 for ports)
 # --cpu-smoke  the same steps small, on the CPU, to try a command before spending GPU time on it
-#              (the second then needs the set-up's .venv with Horovod)
+#              (ports then needs the set-up's .venv with Horovod)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-usage() { echo "usage: bash benchmarks/gpu/commands.sh first|second OUT [--data DIR] [--kit KIT] [--budget S]" >&2; exit 2; }
+usage() { echo "usage: bash benchmarks/gpu/commands.sh trainer|ports OUT [--data DIR] [--kit KIT] [--budget S]" >&2; exit 2; }
 [ $# -ge 2 ] || usage
 what=$1 out=$2
 shift 2
@@ -38,7 +38,7 @@ while [ $# -gt 0 ]; do
         *) extra+=("$1"); shift ;;
     esac
 done
-case $what in first) budget=${budget:-900} ;; second) budget=${budget:-600} ;; *) usage ;; esac
+case $what in trainer) budget=${budget:-900} ;; ports) budget=${budget:-600} ;; *) usage ;; esac
 export PYTHONUNBUFFERED=1 TORCH=system PYTHON=python3 CIFAR_HVD_CACHE=${CIFAR_HVD_CACHE:-$HOME/.cache/cifar-horovod}
 airbench=()
 if [ -n "$kit" ]; then
@@ -65,7 +65,7 @@ export_wheel() {
 }
 
 case $what in
-first)
+trainer)
     pin() { if command -v taskset >/dev/null; then taskset -c "$@"; else shift; "$@"; fi; }
     quarter=$((cores / 4 > 0 ? cores / 4 : 1))
     build=""
@@ -78,17 +78,17 @@ first)
     # the build to end and its wheel to be packed
     pin "0-$((cores - quarter - 1))" "$py" -m benchmarks.gpu.traces "$out" plain --budget "$((budget / 3))" "${smoke[@]}" \
         2>&1 | tee "$out/traces.log"
-    pin "0-$((cores - quarter - 1))" "$py" -m benchmarks.gpu.figures --data "$data" "${airbench[@]}" \
+    pin "0-$((cores - quarter - 1))" "$py" -m benchmarks.gpu.trainer_figures --data "$data" "${airbench[@]}" \
         "${smoke[@]}" --out "$out/results-gpu.json" --budget "$((budget * 9 / 10 - 20 - (SECONDS - started)))" "${extra[@]}" \
-        2>&1 | tee "$out/first.log"
+        2>&1 | tee "$out/trainer.log"
     [ -n "$build" ] || exit 0
     while kill -0 "$build" 2>/dev/null && [ $((SECONDS - started)) -lt "$((budget - 15))" ]; do sleep 2; done
     tail -3 "$out/horovod-build.log"
     export_wheel
     ;;
-second)
+ports)
     if ls "$out"/horovod-*.whl >/dev/null 2>&1 && [ -f "$out/horovod-wheel-dir.txt" ]; then
-        # the first command's wheel, where setup.sh looks for a cached one
+        # the trainer command's wheel, where setup.sh looks for a cached one
         mkdir -p "$CIFAR_HVD_CACHE/$(cat "$out/horovod-wheel-dir.txt")"
         cp "$out"/horovod-*.whl "$CIFAR_HVD_CACHE/$(cat "$out/horovod-wheel-dir.txt")/"
     fi
@@ -103,6 +103,6 @@ second)
     [ ${#smoke[@]} -eq 0 ] || extra+=(--device cpu --quick --images 200 --only "bf16 --compile, regions")
     timeout "$((budget - (SECONDS - started) - 10))" .venv/bin/python -m benchmarks.gpu.check --no-setup \
         --images 50000 --merge "$out/results-gpu.json" --out "$out/gpu-check.json" "${extra[@]}" 2>&1 \
-        | tee "$out/second.log"
+        | tee "$out/ports.log"
     ;;
 esac

@@ -1,10 +1,10 @@
-"""GPU figures, the first of two commands: accuracy and speed on a named GPU beside the anchors,
-written to benchmarks/results/results-gpu.json.
+"""The trainer's GPU figures (commands.sh trainer): accuracy and speed on a named GPU beside the
+anchors, written to benchmarks/results/results-gpu.json.
 
-    python3 -m benchmarks.gpu.figures --data DIR --out FILE        # on the GPU machine's own PyTorch
-    python3 -m benchmarks.gpu.check --no-setup --merge FILE        # then the second (needs Horovod)
+    python3 -m benchmarks.gpu.trainer_figures --data DIR --out FILE   # the GPU machine's PyTorch
+    python3 -m benchmarks.gpu.check --no-setup --merge FILE          # the ports (needs Horovod)
 
-bash benchmarks/gpu/commands.sh runs both. DIR holds real CIFAR-10: cifar-10-batches-py (as
+bash benchmarks/gpu/commands.sh trainer, then ports, runs both. DIR holds real CIFAR-10: cifar-10-batches-py (as
 `python main.py --download` leaves it in ./data, the default), or a pack of it with its writer
 make_cifar10.py, which writes that layout. airbench's sdist comes from --airbench, else from PyPI.
 In order, each writing FILE as it ends, so that a command stopped at its limit keeps what it
@@ -369,7 +369,7 @@ def main(argv=None):
         ARCH.update(SMOKE)
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     elif not torch.cuda.is_available():
-        print("benchmarks.gpu.figures: no CUDA GPU here; these figures are of a named GPU, so run it on one",
+        print("benchmarks.gpu.trainer_figures: no CUDA GPU here; these figures are of a named GPU, so run it on one",
               file=sys.stderr)
         return 1
     budget = Budget(args.budget)
@@ -380,7 +380,7 @@ def main(argv=None):
     scratch = tempfile.mkdtemp(prefix="bench-gpu-")
     device = "cpu (--cpu-smoke)" if args.cpu_smoke else torch.cuda.get_device_name()
     res = {"schema": harness.SCHEMA, "device": device, "machine": harness.machine_info(),
-           "first_command": " ".join(["python3", "-m", "benchmarks.gpu.figures", *(argv or sys.argv[1:])]),
+           "first_command": " ".join(["python3", "-m", "benchmarks.gpu.trainer_figures", *(argv or sys.argv[1:])]),
            "runs": {}, "skipped": []}
 
     def phase(name, fn, cost=None):
