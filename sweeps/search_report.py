@@ -89,11 +89,10 @@ def plot(path, table_rows):
     """search.png: on the left each trial's test accuracy by epoch (a pruned one dashed, with an
     x where it was cut; a failed one dotted), on the right each trial's value against its
     number and the best value so far."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # a bare Figure: no pyplot state, as runlog's curves
     from matplotlib.ticker import MaxNLocator
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig = Figure(figsize=(11, 4.2))
+    left, right = fig.subplots(1, 2)
     style = {"complete": "-", "pruned": "--", "failed": ":", "running": "-."}
     for r in table_rows:
         epochs, acc = r["curve"]
@@ -127,4 +126,3 @@ def plot(path, table_rows):
     right.legend(fontsize="small", loc="lower right")
     fig.tight_layout()
     safeio.atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=80))
-    plt.close(fig)

@@ -84,11 +84,10 @@ def curve(folder, run):
 def plot(path, settings, curves):
     """sweep.png: on the left each run's test accuracy by epoch, a colour per setting; on the
     right each setting's final accuracy, mean with one std over its seeds as the error bar."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # a bare Figure: no pyplot state, as runlog's curves
     from matplotlib.ticker import MaxNLocator
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), width_ratios=(3, 2))
+    fig = Figure(figsize=(10, 4))
+    left, right = fig.subplots(1, 2, width_ratios=(3, 2))
     for i, (s, accs, rs) in enumerate(settings):
         color = f"C{i % 10}"
         for j, r in enumerate(rs):
@@ -107,4 +106,3 @@ def plot(path, settings, curves):
     right.set(ylabel="final test accuracy", title="by setting: mean ± std over seeds, x each")
     fig.tight_layout()
     safeio.atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=80))
-    plt.close(fig)
