@@ -61,12 +61,17 @@ SWEEP_FLAGS = ("--sweep", "--ranks-per-run", "--search", "--trials", "--pruner",
 def run_flags(argv=None):
     """main_sweep.py's flags (sys.argv's where argv is None) without its own (SWEEP_FLAGS):
     the flags every run of the job gets."""
-    argv, kept = list(sys.argv[1:] if argv is None else argv), []
+    return without(list(sys.argv[1:] if argv is None else argv), SWEEP_FLAGS)
+
+
+def without(argv, names):
+    """argv less the flags `names`, each of which takes a value (`--flag V` or `--flag=V`)."""
+    argv, kept = list(argv), []
     while argv:
         a = argv.pop(0)
-        if a in SWEEP_FLAGS:
+        if a in names:
             argv.pop(0)
-        elif not a.startswith(tuple(f"{flag}=" for flag in SWEEP_FLAGS)):
+        elif not a.startswith(tuple(f"{name}=" for name in names)):
             kept.append(a)
     return kept
 

@@ -63,14 +63,8 @@ def trial_argv(args, argv, number, values, epoch):
 def alone_argv(args, argv, values, folder):
     """The flags that retrain a trial alone with main_horovod.py, in `folder`: the job's, less
     its folder and the flags the trial sets, then the trial's values."""
-    job, kept = flags.run_flags(argv), []
     replaced = ["--checkpoint-dir", *(f"--{flag}" for flag, _ in values)]
-    while job:
-        a = job.pop(0)
-        if a in replaced:
-            job.pop(0)
-        elif not a.startswith(tuple(f"{flag}=" for flag in replaced)):
-            kept.append(a)
+    kept = flags.without(flags.run_flags(argv), replaced)
     return [*kept, *(f"--{flag}={value}" for flag, value in values), "--checkpoint-dir", folder]
 
 

@@ -59,16 +59,24 @@ def side(cfg, data_dir, scratch, name, n, sides=SIDES):
     return out
 
 
-def run(cfg, ctx):
+def sides_run(cfg, ctx, sides):
+    """Every side of `sides` (name: (script, launcher, flags)) run cfg["overlap_repeats"] times,
+    alternating: {name: [each run's overlap.py figures]}."""
     runs = trainer_runs.shared(dict(trainer_runs.QUICK, **cfg), ctx)  # the data, generated once
-    got = {s: [] for s in SIDES}
+    got = {s: [] for s in sides}
     n = 0
-    for r, order in enumerate(harness.alternating(list(SIDES), cfg["overlap_repeats"])):
+    for r, order in enumerate(harness.alternating(list(sides), cfg["overlap_repeats"])):
         for name in order:
             n += 1
-            got[name].append(side(cfg, runs.data_dir, ctx.scratch, name, n))
+            got[name].append(side(cfg, runs.data_dir, ctx.scratch, name, n, sides))
         harness.log(f"overlap repeat {r + 1}/{cfg['overlap_repeats']}: " + ", ".join(
-            f"{s} {got[s][-1]['overlap']:.2f} (window {got[s][-1]['spread_ms']:.0f} ms)" for s in SIDES))
+            f"{s} {got[s][-1]['overlap']:.2f} (window {got[s][-1]['spread_ms']:.0f} ms of "
+            f"{got[s][-1]['compute_ms']:.0f})" for s in sides))
+    return got
+
+
+def run(cfg, ctx):
+    got = sides_run(cfg, ctx, SIDES)
 
     def med(name, key):
         return statistics.median(x[key] for x in got[name])

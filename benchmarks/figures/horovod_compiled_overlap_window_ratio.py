@@ -15,7 +15,7 @@ shared CPU cores is allreduce_overlap_np2's.
 """
 import statistics
 
-from benchmarks import harness, trainer_runs
+from benchmarks import harness
 from benchmarks.figures import allreduce_overlap_np2 as overlap
 
 NAME = "horovod_compiled_overlap_window_ratio"
@@ -31,15 +31,7 @@ QUICK = dict(overlap.QUICK)
 
 
 def run(cfg, ctx):
-    runs = trainer_runs.shared(dict(trainer_runs.QUICK, **cfg), ctx)  # the data, generated once
-    got = {s: [] for s in SIDES}
-    n = 0
-    for r, order in enumerate(harness.alternating(list(SIDES), cfg["overlap_repeats"])):
-        for name in order:
-            n += 1
-            got[name].append(overlap.side(cfg, runs.data_dir, ctx.scratch, name, n, SIDES))
-        harness.log(f"window repeat {r + 1}/{cfg['overlap_repeats']}: " + ", ".join(
-            f"{s} {got[s][-1]['spread_ms']:.0f} ms of {got[s][-1]['compute_ms']:.0f}" for s in SIDES))
+    got = overlap.sides_run(cfg, ctx, SIDES)
     sides = {name: {"window_ms": statistics.median(x["spread_ms"] for x in got[name]),
                     "backward_ms": statistics.median(x["compute_ms"] for x in got[name]),
                     "windows": [x["spread_ms"] for x in got[name]]} for name in SIDES}
