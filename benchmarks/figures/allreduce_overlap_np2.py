@@ -21,6 +21,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 
 from benchmarks import harness, trainer_runs
 
@@ -39,7 +40,7 @@ QUICK = dict(arch="lenet", train_size=250, train_batch=32, train_epochs=2, overl
 
 def side(cfg, data_dir, scratch, name, n, sides=SIDES):
     script, launcher, flags = sides[name]
-    ckpt = os.path.join(scratch, f"overlap-{n}")
+    ckpt = tempfile.mkdtemp(prefix=f"overlap-{n}-", dir=scratch)  # a folder of its own, in any figure
     probe = ["-m", "benchmarks.diagnostics.overlap", script, "--data-dir", data_dir, "--dataset", "synthetic",
              "--synthetic-size", str(cfg["train_size"]), "--arch", cfg["arch"], "--batch-size",
              str(cfg["train_batch"]), "--epochs", str(cfg["train_epochs"]), "--lr", "0.05", "--warmup-epochs", "0",
