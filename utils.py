@@ -177,7 +177,8 @@ def compiled_regions(model, mode):
 
     Regions of one class share their forward's code, and Dynamo keeps a code's graphs in one
     cache of at most `recompile_limit` (8) before it runs the rest eagerly: ResNet-18's blocks
-    need 7 there, VGG-16's convolutions 13. The limit is raised to the number of regions."""
+    need 7 there, and a model with more shapes of one region class needs more. The limit is
+    raised to the number of regions."""
     import torch._dynamo
     limit = torch._dynamo.config.recompile_limit
     torch._dynamo.config.recompile_limit = max(limit, len(list(regions(model))))
