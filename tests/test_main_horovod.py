@@ -152,6 +152,19 @@ def test_fp16_allreduce_batches_per_allreduce_and_amp(data_dir, tmp_path):
     assert scaler["scale"] < 2.0 ** 16 or scaler["_growth_tracker"] == 8, scaler
 
 
+def test_one_allreduce_resumes_where_only_rank_0_holds_the_optimizer_state(data_dir, tmp_path):
+    # Rank 0 alone restores the momentum; the broadcast then steps the other ranks' fresh
+    # optimizer to make its state, which must not start an allreduce that rank 0 never joins.
+    # Stopped and resumed alike, one allreduce and the hooks end with the same weights.
+    for path in ("one", "hooks"):
+        args = common_args(data_dir, tmp_path / path, "--grad-allreduce", path, "--warmup-epochs", 0, epochs=2)
+        assert_ok(run_horovod(2, [*args, "--stop-at", 1]))
+        assert_ok(run_horovod(2, [*args, "--resume"], timeout=120))
+    assert_states_equal(load_ckpt(tmp_path / "one" / "ckpt.pth")["model"],
+                        load_ckpt(tmp_path / "hooks" / "ckpt.pth")["model"], "one allreduce and the hooks")
+    assert len(read_metrics(tmp_path / "one")) == 2
+
+
 def test_twin_diff_is_only_the_port():
     # Joining, placing, the world's sums and LR scale, broadcasting and the optimizer wrapper.
     assert_the_diff_is_the_port("main_horovod.py", "# Horovod:")

@@ -127,10 +127,11 @@ def _flat_view(t):
 
 
 class _OneAllreduce:
-    """The methods OneAllreduce puts over the wrapped optimizer's class."""
+    """The methods OneAllreduce gives a class of its own over the wrapped optimizer's class (so
+    each names that class, self.__class__, in super(), as Horovod's DistributedOptimizer does)."""
 
     def __init__(self, optimizer, compression, op):
-        super().__init__(optimizer.param_groups)
+        super(self.__class__, self).__init__(optimizer.param_groups)
         # the wrapped class's __init__ sees only the groups; a fused SGD's flag comes with it
         self._step_supports_amp_scaling = optimizer._step_supports_amp_scaling
         self._compression, self._op = compression, op
@@ -178,7 +179,7 @@ class _OneAllreduce:
     def step(self, closure=None):
         if not self._skip_sync:
             self.synchronize()
-        return super().step(closure)
+        return super(self.__class__, self).step(closure)
 
 
 def OneAllreduce(optimizer, named_parameters, compression, op, groups=None,
@@ -194,5 +195,10 @@ def OneAllreduce(optimizer, named_parameters, compression, op, groups=None,
         raise UsageError("one allreduce of every gradient has no groups and no Adasum: "
                          "use --grad-allreduce hooks or regions")
     del named_parameters, backward_passes_per_step  # no hooks, no count (docstring)
-    cls = type(optimizer.__class__.__name__, (_OneAllreduce, optimizer.__class__), {})
+    methods = {k: v for k, v in vars(_OneAllreduce).items() if k not in ("__dict__", "__weakref__")}
+    # hvd.broadcast_optimizer_state makes a fresh optimizer's state with one step on the ranks
+    # that have none, and runs that step without its reduction, which the other ranks would never
+    # join, for the optimizers of DistributedOptimizer's module: this one has that module's face.
+    methods["__module__"] = hvd.DistributedOptimizer.__module__
+    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     return cls(optimizer, compression, op)
