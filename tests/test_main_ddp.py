@@ -165,10 +165,14 @@ def test_every_rank_leaves_the_job_whole_when_it_stops(ddp2, data_dir, tmp_path,
     job.signal(signal.SIGTERM)
     rc = job.wait(60)
     out = job.output()
-    # Each rank stops with its one line; the agent, itself signalled, ends with 1.
+    # Each rank stops with its one line; the agent, itself signalled, ends with 1. torchrun's agent
+    # can abort in its own shutdown, after its SignalException (status -6, "terminate called"):
+    # that is torchrun's; the ranks' ends are their lines here and the probe's records below.
     for r in (0, 1):
         assert f"main_ddp.py: interrupted (rank {r}) by SIGTERM; the last finished epoch" in out, out[-3000:]
-    assert rc == 1 and not ABORTED.search(out), out[-3000:]
+    agent_aborted = rc == -signal.SIGABRT and "SignalException: Process" in out
+    before_agent = out.split("SignalException: Process")[0] if agent_aborted else out
+    assert (rc == 1 or agent_aborted) and not ABORTED.search(before_agent), out[-3000:]
     assert_left_the_job_whole(tmp_path, 2)
 
 
