@@ -53,9 +53,8 @@ def label_horovod():
         for name in ("allreduce_async_", "synchronize", "grouped_allreduce_async_"):
             if hasattr(module, name):
                 setattr(module, name, labelled(f"hvd.{name}", getattr(module, name)))
-    for cls_name in ("_DistributedOptimizer",):
-        cls = getattr(opt, cls_name)
-        cls.synchronize = labelled("hvd.optimizer.synchronize", cls.synchronize)
+    opt._DistributedOptimizer.synchronize = labelled("hvd.optimizer.synchronize",
+                                                     opt._DistributedOptimizer.synchronize)
     from training import hvd_port
     hvd_port._OneAllreduce.synchronize = labelled("hvd.one_allreduce", hvd_port._OneAllreduce.synchronize)
     hvd_port.apply()  # the ports' CUDA settings, before the init that reads them

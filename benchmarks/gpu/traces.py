@@ -110,10 +110,11 @@ def main(argv=None):
                                 os.path.join(out, name + ".nsys-rep")], stdout=f, stderr=subprocess.STDOUT)
             os.remove(os.path.join(out, name + ".nsys-rep"))  # tens of MB; the summaries stay
     shutil.rmtree(data_dir, ignore_errors=True)
-    for name in os.listdir(out):
-        if name.startswith("ckpt-") or name.endswith(".sqlite"):
-            shutil.rmtree(os.path.join(out, name), ignore_errors=True) if os.path.isdir(
-                os.path.join(out, name)) else os.remove(os.path.join(out, name))
+    for name in os.listdir(out):  # the runs' checkpoints, and nsys's export beside its summary
+        if name.startswith("ckpt-"):
+            shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+        elif name.endswith(".sqlite"):
+            os.remove(os.path.join(out, name))
     rows = trace_report.report(out)
     with open(os.path.join(out, f"report-{args.set}.txt"), "w") as f:
         for line in trace_report.lines(rows):
