@@ -80,7 +80,7 @@ def markdown(fig):
     L = [f"Headline: {m['arch']} at batch {m['train_batch']} per rank on {m['train_size']} synthetic "
          f"images, {m['train_epochs']} epochs, the first {m['skip_epochs']} untimed; beside it LeNet with "
          "the settings of scaling_efficiency_np2. Each rank runs on its own share of the cores "
-         "(devices.pick_device, under either launcher).", ""]
+         "(devices.share_cores, under either launcher).", ""]
     L += harness.command_lines(st["commands"])
     L += harness.sides_table(fig["sides"], "images_per_s", "images/s", ".1f")
     L += harness.beside_line("LeNet, Horovod over DDP", fig["lenet"])

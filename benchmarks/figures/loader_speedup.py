@@ -4,7 +4,7 @@ Same images, same batch, full epochs, each batch made training-ready on the
 device. On the CPU the headline runs the DeviceLoader on one torch thread,
 against the torchvision pipeline's two worker processes: the DeviceLoader gets
 the smaller share of the machine. It is also timed with the trainer's thread
-count (devices.pick_device: every usable core), recorded beside the headline.
+count (devices.share_cores: every usable core), recorded beside the headline.
 """
 import os
 import time

@@ -41,7 +41,7 @@ def scaling(cfg, ctx, one, two, pair):
             return {"value": None, "skipped": "needs at least 2 CPU cores"}
         # Under horovodrun -np 2 each rank sets cores // 2 threads (devices.share_cores);
         # the np=1 baseline gets the same by being confined to half the cores, which
-        # pick_device reads as a launcher binding and uses as is.
+        # share_cores reads as a launcher binding and uses as is.
         pin = set(usable[:len(usable) // 2])
     runs = trainer_runs.shared(cfg, ctx)
 
