@@ -13,7 +13,7 @@ main_horovod.py on many processes with Horovod, main_ddp.py with PyTorch's DDP.
 import sys
 import time
 
-from training import checkpoints, cli, data, devices, divergence, launch, runlog
+from training.run import checkpoints, cli, data, devices, divergence, launch, rundir, runlog
 import utils
 
 
@@ -24,7 +24,7 @@ def main(argv=None):
     launch.stop_on(args.stop_signal)  # a scheduler's warning signal, as SIGTERM
     reports = world.reports
 
-    checkpoints.preflight(args, reports)
+    rundir.preflight(args, reports)
     data.prepare(args)
     train_set, test_set = data.load(args)
     train_loader, test_loader = utils.make_loaders(args, train_set, test_set, device, world)
@@ -41,7 +41,7 @@ def main(argv=None):
         runlog.report_evaluation(test, reports)
         return model, test
 
-    checkpoints.hold_folder(args, reports)  # from here on, this run writes into its folder
+    rundir.hold(args, reports)  # from here on, this run writes into its folder
     log = runlog.RunLog(args, reports, world.size, start["history"], start["epoch"])
     best_acc = start["best_acc"]
     for epoch in range(start["epoch"], cli.last_epoch(args)):

@@ -17,7 +17,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from training import checkpoints, cli, data, devices, divergence, launch, process_group, runlog
+from training.ports import process_group
+from training.run import checkpoints, cli, data, devices, divergence, launch, rundir, runlog
 import utils
 
 
@@ -28,11 +29,11 @@ def main(argv=None):
     device = devices.place(*launch.torchrun_local())
     process_group.join_job(device)
     world = utils.World.of(args, rank=dist.get_rank(), size=dist.get_world_size(), no_sync=True,
-                           allreduce=utils.summed_copy(dist.all_reduce))
+                           allreduce=process_group.summed_copy(dist.all_reduce))
     launch.stop_on(args.stop_signal)  # a scheduler's warning signal, as SIGTERM
     reports = world.reports
 
-    checkpoints.preflight(args, reports)
+    rundir.preflight(args, reports)
     data.prepare(args)
     train_set, test_set = data.load(args)
     train_loader, test_loader = utils.make_loaders(args, train_set, test_set, device, world)
@@ -54,7 +55,7 @@ def main(argv=None):
         runlog.report_evaluation(test, reports)
         return model, test
 
-    checkpoints.hold_folder(args, reports)  # from here on, this run writes into its folder
+    rundir.hold(args, reports)  # from here on, this run writes into its folder
     log = runlog.RunLog(args, reports, world.size, start["history"], start["epoch"])
     best_acc = start["best_acc"]
     for epoch in range(start["epoch"], cli.last_epoch(args)):

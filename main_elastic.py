@@ -24,8 +24,10 @@ import time
 import horovod.torch as hvd
 
 from main_horovod import distributed_optimizer
-from training import checkpoints, cli, data, devices, divergence, hvd_port, launch, layout, runlog
-from training.errors import TrainerError, UsageError
+from training.base import layout
+from training.base.errors import TrainerError, UsageError
+from training.ports import hvd_port
+from training.run import checkpoints, cli, data, devices, divergence, launch, rundir, runlog
 import utils
 
 
@@ -44,7 +46,7 @@ def main(argv=None):
 
     model = utils.build_model(args, device)
     if args.sync_bn:
-        model = utils.replace_batchnorm(model, hvd.SyncBatchNorm)
+        model = hvd_port.replace_batchnorm(model, hvd.SyncBatchNorm)
     optimizer = distributed_optimizer(args, model, utils.make_optimizer(model, args))
     start, error = first_start(args, model, optimizer)
     scaler = utils.make_scaler(args, device, start["scaler"])
@@ -76,9 +78,9 @@ def first_start(args, model, optimizer):
     which it would fail."""
     if hvd.rank() == 0:
         try:
-            checkpoints.preflight(args, True)
+            rundir.preflight(args, True)
             start = checkpoints.restore(args, model, optimizer)
-            checkpoints.hold_folder(args)  # from here on, this run writes into its folder
+            rundir.hold(args)  # from here on, this run writes into its folder
             return start, None
         except TrainerError as e:
             return checkpoints.fresh_start(args), e

@@ -16,7 +16,8 @@ import time
 # Horovod: the PyTorch binding (main.py runs without it); what the port asks of Horovod.
 import horovod.torch as hvd
 
-from training import checkpoints, cli, data, devices, divergence, hvd_port, launch, runlog
+from training.ports import hvd_port
+from training.run import checkpoints, cli, data, devices, divergence, launch, rundir, runlog
 import utils
 
 
@@ -33,7 +34,7 @@ def main(argv=None):
     launch.stop_on(args.stop_signal)  # a scheduler's warning signal, as SIGTERM
     reports = world.reports
 
-    checkpoints.preflight(args, reports)
+    rundir.preflight(args, reports)
     data.prepare(args)
     train_set, test_set = data.load(args)
     train_loader, test_loader = utils.make_loaders(args, train_set, test_set, device, world)
@@ -41,7 +42,7 @@ def main(argv=None):
     model = utils.build_model(args, device)
     # Horovod: BatchNorm over the global batch (--sync-bn); gradients averaged (grad_path's way);
     # rank 0 restores and broadcasts where to start, the optimizer state if any, the weights.
-    model = utils.replace_batchnorm(model, hvd.SyncBatchNorm) if args.sync_bn else model
+    model = hvd_port.replace_batchnorm(model, hvd.SyncBatchNorm) if args.sync_bn else model
     optimizer = distributed_optimizer(args, model, utils.make_optimizer(model, args), world)
     start = checkpoints.restore(args, model, optimizer) if reports else None
     start = hvd.broadcast_object(start, name="start")
@@ -57,7 +58,7 @@ def main(argv=None):
         runlog.report_evaluation(test, reports)
         return model, test
 
-    checkpoints.hold_folder(args, reports)  # from here on, this run writes into its folder
+    rundir.hold(args, reports)  # from here on, this run writes into its folder
     log = runlog.RunLog(args, reports, world.size, start["history"], start["epoch"])
     best_acc = start["best_acc"]
     for epoch in range(start["epoch"], cli.last_epoch(args)):
@@ -81,9 +82,10 @@ def main(argv=None):
     return model, log.history
 
 
-# Horovod: gradients averaged per step, from backward's hooks or in one allreduce after it (path
-# one, hvd_port.py), as contiguous views; give back the fused step's flag the wrapper drops.
+# Horovod: gradients averaged per step (Adasum's limits checked), from backward's hooks or in one
+# allreduce after it (path one), as contiguous views; give back the fused step's flag it drops.
 def distributed_optimizer(args, model, optimizer, world=utils.World()):
+    hvd_port.check_adasum(args)
     wrapped = (hvd_port.OneAllreduce if world.grad_path == "one" else hvd.DistributedOptimizer)(
         optimizer, named_parameters=model.named_parameters(), groups=args.allreduce_groups,
         compression=hvd_port.compression(args.fp16_allreduce),

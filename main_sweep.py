@@ -16,8 +16,8 @@ import sys
 
 import main_horovod
 from sweeps import flags, search, sweep
-from training import launch
-from training.errors import UsageError
+from training.base.errors import UsageError
+from training.run import launch
 
 
 def main(argv=None):

@@ -1,5 +1,5 @@
 """The training engine every trainer shares: model, optimizer, the LR schedule it runs
-(training/schedule.py), loaders, one epoch of training, and exact evaluation.
+(training/run/schedule.py), loaders, one epoch of training, and exact evaluation.
 
 The entry points (main.py and its ports) call these functions in the same order.
 What a port differs in reaches the engine as one value, a `World`: this process's rank
@@ -17,10 +17,12 @@ import torch
 import torch.nn.functional as F
 
 import models
-from training import data, divergence, eager_sgd, layout, loaders, recipe
-from training.phases import PhaseTimer
-from training.runlog import Progress, first_reaching
-from training.schedule import LRSchedule
+from training.base import layout, recipe
+from training.ports import eager_sgd
+from training.run import data, divergence, loaders
+from training.run.phases import PhaseTimer
+from training.run.runlog import Progress, first_reaching
+from training.run.schedule import LRSchedule
 
 
 def local_sum(t):
@@ -37,8 +39,9 @@ class World:
     rank's own). lr_scale multiplies the base LR (linear scaling). no_sync: the
     trained model is DDP's, whose no_sync() holds back the gradient reduction of a
     step's first k - 1 backward passes. adasum: Horovod's Adasum optimizer, which
-    reduces inside step(). grad_path: how the gradients reach Horovod's allreduce (hooks, one or
-    regions: training/hvd_port.py); under regions --compile compiles the model block by block."""
+    reduces inside step(). grad_path: how the gradients reach Horovod's allreduce (hooks, one
+    or regions: training/ports/hvd_port.py); under regions --compile compiles the model block
+    by block."""
     rank: int = 0
     size: int = 1
     allreduce: Callable = local_sum
@@ -71,19 +74,6 @@ def build_model(args, device):
     the ports' broadcasts (layout.py says why)."""
     torch.manual_seed(args.seed)  # the same initial weights for the same --seed
     return models.get_model(args.arch, num_classes=len(data.CLASSES)).to(device)
-
-
-def replace_batchnorm(module, factory):
-    """Swap every BatchNorm2d for factory(num_features, ...), keeping its state."""
-    for name, child in module.named_children():
-        if isinstance(child, torch.nn.BatchNorm2d):
-            new = factory(child.num_features, eps=child.eps, momentum=child.momentum,
-                          affine=child.affine, track_running_stats=child.track_running_stats)
-            new.load_state_dict(child.state_dict())
-            setattr(module, name, new.to(next(child.buffers()).device))
-        else:
-            replace_batchnorm(child, factory)
-    return module
 
 
 def make_optimizer(model, args):
@@ -220,7 +210,7 @@ class FullBatchesCompiled(torch.nn.Module):
 
 
 def make_schedule(args, saved, scale=1.0):
-    """The run's LRSchedule (training/schedule.py): `saved` (where it starts, from what LR:
+    """The run's LRSchedule (training/run/schedule.py): `saved` (where it starts, from what LR:
     checkpoints' start), the flags' shape, epochs and warm-up, the recipe's one-cycle peak, the
     port's LR scale."""
     return LRSchedule(**saved, epochs=args.epochs, scale=scale, warmup_epochs=args.warmup_epochs,
@@ -283,16 +273,6 @@ def optimizer_step(optimizer, scaler, profiler=None, adasum=False):
         with profiler.phase("optimizer-step"):
             scaler.step(optimizer)
     scaler.update()
-
-
-def summed_copy(all_reduce):
-    """A metric allreduce from an in-place sum (torch.distributed.all_reduce): the sum of a
-    copy, so that the running sums it is given stay this rank's own."""
-    def allreduce(t):
-        t = t.clone()
-        all_reduce(t)
-        return t
-    return allreduce
 
 
 def train_epoch(model, loader, optimizer, scaler, schedule, epoch, args, world=World(),

@@ -31,7 +31,7 @@ import time
 
 import torch
 
-from training.safeio import atomic_write
+from training.base.safeio import atomic_write
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")  # results.json, results-gpu.json, RESULTS.md

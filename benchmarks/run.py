@@ -63,7 +63,7 @@ from benchmarks.figures import (
     search_wall_time_vs_grid,
     sweep_wall_time,
 )
-from training import devices
+from training.run import devices
 
 # The registry: every figure, in the order they run and are reported. A new figure is a module of
 # benchmarks/figures/ named by its NAME, with harness.py's interface, and one entry here.

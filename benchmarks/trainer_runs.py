@@ -65,7 +65,7 @@ class TrainerRuns:
     """Runs main.py / main_horovod.py on pre-generated synthetic data, fresh checkpoint dir each."""
 
     def __init__(self, cfg, scratch):
-        from training import data  # the trainers' generator; torch only where figures run
+        from training.run import data  # the trainers' generator; torch only where figures run
         self.cfg, self.scratch = cfg, scratch
         self.data_dir = os.path.join(scratch, "trainer-data")
         self.count, self.lock = 0, threading.Lock()

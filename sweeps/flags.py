@@ -1,12 +1,12 @@
-"""main_sweep.py's flags: the Horovod port's (training/cli.py), --sweep (a grid) and --search
+"""main_sweep.py's flags: the Horovod port's (training/run/cli.py), --sweep (a grid) and --search
 (a study), their grammar and their checks; and the flags every run of a job gets (run_flags)."""
 import argparse
 import math
 import sys
 import typing
 
-from training import cli
-from training.errors import UsageError
+from training.base.errors import UsageError
+from training.run import cli
 
 
 def parse_args(doc, argv=None):

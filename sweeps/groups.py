@@ -14,8 +14,8 @@ import sys
 import time
 
 from sweeps.headed import headed
-from training import launch
-from training.errors import TrainerError, UsageError
+from training.base.errors import TrainerError, UsageError
+from training.run import launch
 
 # Why a run failed on a rank whose collective failed because another rank of the run failed.
 RUN_PEER_FAILED = "another rank of this run failed (its error is above)"

@@ -7,7 +7,7 @@ need the window's host to call into MPI to make progress, and it may be training
 """
 import os
 
-from training import safeio
+from training.base import safeio
 
 QUEUE = ".sweep-queue"  # in CHECKPOINT_DIR: the index of the next run to take, under its lock
 

@@ -30,9 +30,10 @@ import sys
 
 from sweeps import flags, groups, search_report
 from sweeps.headed import headed
-from training import cli, launch, safeio
-from training.devices import node_slot, take_host_share
-from training.errors import RunsFailed, TrainerError, UsageError
+from training.base import safeio
+from training.base.errors import RunsFailed, TrainerError, UsageError
+from training.run import cli, launch
+from training.run.devices import node_slot, take_host_share
 
 STUDY = "study.journal"  # in CHECKPOINT_DIR: the study, Optuna's journal
 STUDY_NAME = "search"

@@ -16,7 +16,8 @@ The trials are Optuna's FrozenTrial, read here by their attributes only.
 """
 import os
 
-from training import runlog, safeio
+from training.base import safeio
+from training.run import runlog
 
 BEST = 5  # completed trials in the table
 STATES = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running",

@@ -26,9 +26,9 @@ import os
 
 from sweeps import flags, groups, sweep_report
 from sweeps.run_queue import RunQueue
-from training import cli
-from training.devices import node_slot, take_host_share
-from training.errors import RunsFailed
+from training.base.errors import RunsFailed
+from training.run import cli
+from training.run.devices import node_slot, take_host_share
 
 
 def combinations(axes):

@@ -11,7 +11,8 @@
 import os
 import statistics
 
-from training import runlog, safeio
+from training.base import safeio
+from training.run import runlog
 
 COLUMNS = ("run", "status", "epochs", "final_test_acc", "best_test_acc", "train_time_s", "ranks")
 

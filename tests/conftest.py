@@ -17,7 +17,7 @@ import helpers  # noqa: E402
 if helpers.ROOT not in sys.path:
     sys.path.insert(0, helpers.ROOT)
 
-from training import data  # noqa: E402
+from training.run import data  # noqa: E402
 
 # `make test` runs the suite on two pytest-xdist workers (-n 2): most tests wait on processes,
 # daemons and links, and one worker at a time left a core idle. Tests that share something

@@ -19,7 +19,7 @@ import torch
 
 from sweeps import flags
 from testbed.env import MPI_ENV, env, rank_pids, trainer_pids  # noqa: F401 (the tests' too)
-from training import cli
+from training.run import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)

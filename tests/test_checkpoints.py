@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from helpers import parse, probe_cmd
-from training import checkpoints
-from training.errors import TrainerError, UsageError
+from training.base.errors import TrainerError, UsageError
+from training.run import checkpoints, rundir
 import utils
 
 
@@ -177,15 +177,15 @@ def test_a_fresh_run_on_a_held_folder_is_told_it_is_in_use_not_that_its_checkpoi
     folder, _ = saved
     args = _args("--checkpoint-dir", str(folder))
     with pytest.raises(UsageError, match="already exists; pass --resume"):
-        checkpoints.preflight(args, reports=True)
-    holder = subprocess.Popen(probe_cmd("holder", folder / checkpoints.HOLDER), stdout=subprocess.PIPE,
+        rundir.preflight(args, reports=True)
+    holder = subprocess.Popen(probe_cmd("holder", folder / rundir.HOLDER), stdout=subprocess.PIPE,
                               text=True)
     try:
         assert holder.stdout.readline() == "held\n"
         with pytest.raises(TrainerError, match="is in use by another run") as refused:
-            checkpoints.preflight(args, reports=True)
+            rundir.preflight(args, reports=True)
         assert type(refused.value) is TrainerError and f"process {holder.pid}" in str(refused.value)
-        checkpoints.preflight(_args("--checkpoint-dir", str(folder), "--overwrite"), reports=True)
+        rundir.preflight(_args("--checkpoint-dir", str(folder), "--overwrite"), reports=True)
     finally:
         holder.kill()
         holder.wait()

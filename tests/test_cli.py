@@ -3,8 +3,8 @@ import pytest
 
 from helpers import parse
 from sweeps import flags
-from training import cli
-from training.errors import UsageError
+from training.base.errors import UsageError
+from training.run import cli
 
 
 @pytest.mark.parametrize("argv, needle", [
@@ -120,7 +120,7 @@ def test_a_gradient_path_that_cannot_work_is_one_line(argv, needle):
 def test_auto_picks_the_gradient_path_from_compile_hosts_and_per_tensor_flags(monkeypatch):
     import horovod.torch as hvd
 
-    from training import hvd_port
+    from training.ports import hvd_port
     hosts = {"n": 1}
     monkeypatch.setattr(hvd, "cross_size", lambda: hosts["n"])
     assert hvd_port.grad_path(parse(port="horovod")) == "hooks"  # eager: the hooks overlap backward
@@ -133,7 +133,7 @@ def test_auto_picks_the_gradient_path_from_compile_hosts_and_per_tensor_flags(mo
 
 
 def test_synthetic_size_is_checked_once_for_flags_and_generator(tmp_path):
-    from training import data
+    from training.run import data
     for bad in ("7", "0"):
         with pytest.raises(UsageError, match="--synthetic-size must be a positive multiple of 5"):
             parse("--synthetic-size", bad)

@@ -13,7 +13,7 @@ gradient to another of the equal inputs, a gradient as valid as eager's.
 Under DDP the wrapper is compiled, not the model (utils.training_model): at np=2 with
 --batches-per-allreduce 2 and an epoch whose last step is smaller (its second pass eager, through
 the same wrapper), its weights equal, bit for bit, those of the Horovod port compiled alike, on
-each of the port's paths (--grad-allreduce hooks, one, regions: training/hvd_port.py).
+each of the port's paths (--grad-allreduce hooks, one, regions: training/ports/hvd_port.py).
 """
 import torch
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from training import data
-from training.errors import TrainerError
+from training.base.errors import TrainerError
+from training.run import data
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from helpers import PY, ROOT, assert_ok, probe_cmd, run
-from training import devices
-from training.errors import UsageError
+from training.base.errors import UsageError
+from training.run import devices
 
 
 def place(calls, prefix=(), **env):
@@ -121,7 +121,7 @@ def test_a_sweep_process_takes_a_gpu_by_its_slot_on_the_host(monkeypatch):
 
 SHARE = """
 import os, sys, threading
-from training import devices
+from training.run import devices
 early = threading.Event()
 thread = threading.Thread(target=early.wait, daemon=True)  # one that exists before the placement
 thread.start()

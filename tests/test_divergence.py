@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from training import divergence
-from training.errors import Diverged
+from training.base.errors import Diverged
+from training.run import divergence
 import utils
 
 

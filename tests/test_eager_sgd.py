@@ -1,4 +1,4 @@
-"""training/eager_sgd.py: torch's SGD updates, bit for bit, without importing torch._dynamo."""
+"""training/ports/eager_sgd.py: torch's SGD updates, bit for bit, without importing torch._dynamo."""
 import subprocess
 import sys
 
@@ -6,7 +6,7 @@ import torch
 
 from helpers import ROOT, parse
 import models
-from training import eager_sgd
+from training.ports import eager_sgd
 import utils
 
 

@@ -1,5 +1,5 @@
 """errors.py: each kind of failure's exit status and who says it (launch.py prints them)."""
-from training.errors import Diverged, RunsFailed, TrainerError, UsageError
+from training.base.errors import Diverged, RunsFailed, TrainerError, UsageError
 
 
 def test_exit_statuses_and_who_says_them():

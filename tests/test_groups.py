@@ -5,7 +5,7 @@ import types
 import pytest
 
 from sweeps import groups
-from training.errors import UsageError
+from training.base.errors import UsageError
 
 
 def test_ranks_per_run_defaults_to_every_run_at_once_where_that_divides():

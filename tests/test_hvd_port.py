@@ -1,11 +1,12 @@
-"""training/hvd_port.py: the settings Horovod starts with, and Adasum's limits (its runs are in
-test_main_horovod.py and test_channels_last.py)."""
+"""training/ports/hvd_port.py: the settings Horovod starts with, Adasum's limits (its runs are in
+test_main_horovod.py and test_channels_last.py), and the SyncBatchNorm swap."""
 import os
 
 import pytest
+import torch
 
-from training import hvd_port
-from training.errors import UsageError
+from training.base.errors import UsageError
+from training.ports import hvd_port
 
 
 def test_adasum_needs_mpi_and_a_power_of_two():
@@ -26,3 +27,13 @@ def test_async_completion_and_a_short_cycle_are_given_on_cuda_only_and_never_ove
     for name in ("HOROVOD_ENABLE_ASYNC_COMPLETION", "HOROVOD_CYCLE_TIME"):
         monkeypatch.setenv(name, "0")
     assert hvd_port.apply(cuda=True) == {} and os.environ["HOROVOD_ENABLE_ASYNC_COMPLETION"] == "0"
+
+
+def test_replace_batchnorm_keeps_state():
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    net[1].running_mean.fill_(0.5)
+
+    class MyBN(torch.nn.BatchNorm2d):
+        pass
+    hvd_port.replace_batchnorm(net, MyBN)
+    assert isinstance(net[1], MyBN) and torch.all(net[1].running_mean == 0.5)

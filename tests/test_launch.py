@@ -8,8 +8,9 @@ import time
 import pytest
 
 from helpers import BIN, PY, horovod_cmd, run
-from training import launch, safeio
-from training.errors import UsageError
+from training.base import safeio
+from training.base.errors import UsageError
+from training.run import launch
 
 
 def test_launcher_rank_reads_the_launchers_variables(monkeypatch):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers import env, parse, probe_cmd
-from training import layout
+from training.base import layout
 
 CL = torch.channels_last
 

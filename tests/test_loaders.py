@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from training import data, loaders
+from training.run import data, loaders
 
 
 @pytest.mark.parametrize("n,size", [(100, 1), (100, 2), (101, 3), (10000, 7)])

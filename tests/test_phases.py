@@ -1,5 +1,5 @@
 """phases.py in process: --profile-steps' timer."""
-from training.phases import PhaseTimer
+from training.run.phases import PhaseTimer
 
 
 def test_phase_timer_times_only_the_first_steps():

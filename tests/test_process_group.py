@@ -6,7 +6,7 @@ import inspect
 import torch
 import torch.distributed as dist
 
-from training import process_group
+from training.ports import process_group
 
 
 def test_a_lone_process_joins_a_group_of_one_and_leaves_it_whole(monkeypatch):

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from helpers import parse
-from training import checkpoints, cli, recipe
-from training.recipe import RECIPE, RECIPES
+from training.base import recipe
+from training.base.recipe import RECIPE, RECIPES
+from training.run import checkpoints, cli
 import utils
 
 

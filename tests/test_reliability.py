@@ -41,7 +41,7 @@ from helpers import (
     wait_until,
     without_lr,
 )
-from training import launch
+from training.run import launch
 
 
 @pytest.fixture(scope="module")

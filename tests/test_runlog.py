@@ -2,7 +2,7 @@
 import os
 
 from helpers import parse
-from training import runlog
+from training.run import runlog
 import utils
 
 

@@ -8,8 +8,8 @@ import time
 import pytest
 
 from helpers import probe_cmd
-from training import safeio
-from training.errors import TrainerError
+from training.base import safeio
+from training.base.errors import TrainerError
 
 
 def test_atomic_write_keeps_old_file_on_error(tmp_path):

@@ -49,7 +49,7 @@ from helpers import (
     wait_until,
     without_lr,
 )
-from training import launch
+from training.run import launch
 
 SCRIPT = os.path.join(ROOT, "scripts", "local_slurm.sh")
 JOB_TIMEOUT = 300  # seconds for one job to start and train a few tiny epochs, on a busy machine

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import parse
-from training import checkpoints, loaders
+from training.run import checkpoints, loaders
 import utils
 
 
@@ -64,18 +64,6 @@ def test_training_step_loop_has_no_host_sync(monkeypatch):
     args = parse("--arch", "lenet", "--batch-size", "8", "--log-interval", "5")
     utils.train_epoch(model, loader, optimizer, scaler, schedule, 1, args, utils.World())
     assert calls == ["tolist", "tolist"]
-
-
-def test_replace_batchnorm_keeps_state():
-    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
-    net[1].running_mean.fill_(0.5)
-
-    class MyBN(torch.nn.BatchNorm2d):
-        pass
-    utils.replace_batchnorm(net, MyBN)
-    assert isinstance(net[1], MyBN) and torch.all(net[1].running_mean == 0.5)
-
-
 
 
 def test_profile_steps_beyond_the_epoch_still_reports(capsys):

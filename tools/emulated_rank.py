@@ -43,7 +43,7 @@ import torch
 
 import models
 from tools import layer_profile, scaling_model
-from training.phases import PhaseTimer
+from training.run.phases import PhaseTimer
 import utils
 
 # How often a rank looks whether its allreduces have ended: 10 us of emulated time, at least
@@ -212,7 +212,7 @@ class Port:
         else:
             import torch.distributed as dist
 
-            from training import process_group
+            from training.ports import process_group
             process_group.join_job(torch.device("cpu"))
             self.dist, self.rank, self.size = dist, dist.get_rank(), dist.get_world_size()
 
@@ -252,7 +252,7 @@ class Port:
 
     def leave(self):
         if self.name == "ddp":
-            from training import process_group
+            from training.ports import process_group
             process_group.leave_job()
 
 

@@ -12,7 +12,7 @@ import os
 import sys
 
 import main_horovod
-from training import devices, launch
+from training.run import devices, launch
 
 _other_threads = devices.other_threads
 

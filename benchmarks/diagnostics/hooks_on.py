@@ -17,7 +17,8 @@ import sys
 import horovod.torch as hvd
 
 import main_horovod
-from training import hvd_port, launch
+from training.ports import hvd_port
+from training.run import launch
 
 if __name__ == "__main__":
     hvd_port.apply()  # the ports' CUDA settings, which main_horovod.main would set before its init

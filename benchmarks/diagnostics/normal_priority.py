@@ -9,7 +9,7 @@ as spare. Benchmarks only: the trainers never run it.
 import sys
 
 import main_horovod
-from training import devices, launch
+from training.run import devices, launch
 
 
 def no_threads():

@@ -8,7 +8,7 @@ run, split over the layers by this machine's CPU layer profile (tools/layer_prof
   Horovod, regions   what the port runs under --compile across nodes: the model compiled region
                      by region (--grad-allreduce regions, utils.compiled_regions), each region's
                      gradients to Horovod's hooks when its backward ends; Horovod's cycle 0.1 ms,
-                     the port's setting on CUDA (training/hvd_port.py)
+                     the port's setting on CUDA (training/ports/hvd_port.py)
   Horovod, whole     the model compiled whole, every gradient at the end of the backward, and
                      Horovod's own 1 ms cycle: how the port ran before
   DDP                its wrapper compiled, split at its buckets (DDPOptimizer)
@@ -26,7 +26,7 @@ import tempfile
 from benchmarks import harness
 from benchmarks.gpu_cluster import GPU_EMULATED_HOSTS, GPUS_PER_NODE, h100_step_s
 from tools import emulate, layer_profile, scaling_model
-from training import hvd_port
+from training.ports import hvd_port
 
 NAME = "horovod_compiled_over_ddp_cluster_100g"
 GBPS = 100

@@ -6,7 +6,7 @@ A reduction can run beside the backward only between the first gradient ready an
 makes it, so the window is nearly the whole backward. With the model compiled whole, autograd
 accumulates every gradient when the one compiled backward ends: the window is about 0, and
 nothing overlaps across hosts. With the model compiled block by block (--grad-allreduce regions,
-what --compile across hosts runs: training/hvd_port.py), each block's gradients come when its own
+what --compile across hosts runs: training/ports/hvd_port.py), each block's gradients come when its own
 backward ends. The value is the regions side's window over the eager side's, each the median
 over the steps after the first five, then over the repeats; the sides alternate (ABC, CBA).
 The whole-model side is the path the regions replace, for comparison. The windows are structure

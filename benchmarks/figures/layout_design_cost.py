@@ -30,7 +30,8 @@ PROBE = r"""
 import json, sys, time
 import torch
 import horovod.torch as hvd
-from training import cli, devices, layout
+from training.base import layout
+from training.run import cli, devices
 import utils
 arch, batch, steps, repeats = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 hvd.init()

@@ -12,7 +12,7 @@ import time
 import torch
 
 from benchmarks import harness
-from training import data, loaders
+from training.run import data, loaders
 
 NAME = "loader_speedup"
 GOAL = (">=", 20.0)

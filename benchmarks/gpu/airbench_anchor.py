@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from training import data
+from training.run import data
 
 
 def write_airbench_data(data_dir, work):

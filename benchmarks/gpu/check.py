@@ -67,10 +67,10 @@ HOOKS_BF16, HOOKS_BF16_512 = "main_horovod.py np=1, hooks on, bf16 --compile", \
     "main_horovod.py np=1, hooks on, bf16 --compile, batch 512"
 DDP_BF16, DDP_BF16_512 = "main_ddp.py np=1 (torchrun), bf16 --compile", \
     "main_ddp.py np=1 (torchrun), bf16 --compile, batch 512"
-# Horovod's other paths under --compile, beside the default (training/hvd_port.py).
+# Horovod's other paths under --compile, beside the default (training/ports/hvd_port.py).
 PATHS = {"per-tensor hooks": ["--grad-allreduce", "hooks"], "regions": ["--grad-allreduce", "regions"]}
 # Horovod's levers on the per-step cost, each against HOOKS_BF16 (the ports' defaults on CUDA:
-# asynchronous completion, a 0.1 ms cycle; training/hvd_port.py).
+# asynchronous completion, a 0.1 ms cycle; training/ports/hvd_port.py).
 LEVERS = {
     "1 ms cycle": ([], {"HOROVOD_CYCLE_TIME": "1"}),
     "asynchronous completion off": ([], {"HOROVOD_ENABLE_ASYNC_COMPLETION": "0"}),

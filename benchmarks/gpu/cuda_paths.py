@@ -14,8 +14,8 @@ import sys
 import torch
 
 import models
-from training import divergence
-from training.errors import Diverged
+from training.base.errors import Diverged
+from training.run import divergence
 import utils
 
 

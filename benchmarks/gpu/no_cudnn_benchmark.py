@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from training import devices
+from training.run import devices
 
 
 def main(argv):

@@ -55,7 +55,7 @@ def label_horovod():
                 setattr(module, name, labelled(f"hvd.{name}", getattr(module, name)))
     opt._DistributedOptimizer.synchronize = labelled("hvd.optimizer.synchronize",
                                                      opt._DistributedOptimizer.synchronize)
-    from training import hvd_port
+    from training.ports import hvd_port
     hvd_port._OneAllreduce.synchronize = labelled("hvd.one_allreduce", hvd_port._OneAllreduce.synchronize)
     hvd_port.apply()  # the ports' CUDA settings, before the init that reads them
     hvd.init()

@@ -23,7 +23,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import models  # noqa: E402
-from training import cli  # noqa: E402
+from training.run import cli  # noqa: E402
 import utils  # noqa: E402
 
 PORT, NAMES = sys.argv[1], sys.argv[2:] or list(models.MODELS)
@@ -42,7 +42,7 @@ def setup():
         import torch.distributed as dist
 
         import main_ddp
-        from training import process_group
+        from training.ports import process_group
         process_group.join_job(torch.device("cpu"))
 
         def gather(t):
@@ -106,5 +106,5 @@ def main():
 if __name__ == "__main__":
     main()
     if PORT == "ddp":  # as main_ddp.py leaves its job (process_group.py says why)
-        from training import process_group
+        from training.ports import process_group
         process_group.leave_job()

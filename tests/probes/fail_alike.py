@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from training import launch  # noqa: E402
+from training.run import launch  # noqa: E402
 
 
 def ddp(argv):
@@ -41,7 +41,7 @@ def horovod(argv):
 
 
 def usage(argv):
-    from training.errors import UsageError
+    from training.base.errors import UsageError
     if launch.launcher_rank() == 0:
         time.sleep(3)
     raise UsageError("--epochs must be positive (got 0)")

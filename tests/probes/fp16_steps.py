@@ -15,7 +15,7 @@ import horovod.torch as hvd  # noqa: E402
 import torch  # noqa: E402
 
 import main_horovod  # noqa: E402
-from training import cli  # noqa: E402
+from training.run import cli  # noqa: E402
 import utils  # noqa: E402
 
 hvd.init()

@@ -10,7 +10,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from training import safeio  # noqa: E402
+from training.base import safeio  # noqa: E402
 
 got = safeio.hold(sys.argv[1], f"the holder probe, process {os.getpid()}")
 print("held" if got is None else f"refused: {got}", flush=True)

@@ -8,7 +8,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from training import safeio  # noqa: E402
+from training.base import safeio  # noqa: E402
 
 
 def write(f):

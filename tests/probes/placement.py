@@ -16,7 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import torch  # noqa: E402
 
-from training import devices  # noqa: E402
+from training.run import devices  # noqa: E402
 
 early = threading.Event()
 thread = threading.Thread(target=early.wait, daemon=True)  # a thread that exists before the calls

@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 import torchvision  # noqa: E402
 
-from training import cli, data  # noqa: E402
+from training.run import cli, data  # noqa: E402
 
 url, md5, data_dir, go = sys.argv[1:]
 torchvision.datasets.CIFAR10.url, torchvision.datasets.CIFAR10.tgz_md5 = url, md5

@@ -24,7 +24,8 @@ import torch.distributed as dist  # noqa: E402
 import writes  # noqa: E402
 
 import main_ddp  # noqa: E402
-from training import launch, process_group  # noqa: E402
+from training.ports import process_group  # noqa: E402
+from training.run import launch  # noqa: E402
 
 
 def group_threads():

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from training.errors import Diverged
+from training.base.errors import Diverged
 
 FIX = ("nothing of this epoch was saved. Continue from the last checkpoint with a smaller LR "
        "(--resume --lr ...), or start again with a smaller --lr, a longer --warmup-epochs or "

@@ -18,9 +18,10 @@ import math
 import torch
 
 import models
-from training import data, recipe
-from training.errors import UsageError
-from training.recipe import RECIPE
+from training.base import recipe
+from training.base.errors import UsageError
+from training.base.recipe import RECIPE
+from training.run import data
 
 FAST = recipe.RECIPES["fast"]
 GRAD_ALLREDUCE = ("auto", "hooks", "one", "regions")
@@ -167,7 +168,8 @@ def add_horovod_args(p):
                      "HOROVOD_CYCLE_TIME=0.1 unless the environment sets them: a step's allreduce\n"
                      "then completes as a CUDA event the training stream waits on, not in a wait\n"
                      "that holds the host, and a gradient waits at most 0.1 ms for Horovod's next\n"
-                     "cycle (training/hvd_port.py). Set either variable to keep Horovod's own.")
+                     "cycle (training/ports/hvd_port.py). Set either variable to keep Horovod's\n"
+                     "own.")
     g.add_argument("--fp16-allreduce", action="store_true",
                    help="compress gradients to float16 for the allreduce")
     g.add_argument("--use-adasum", action="store_true",
@@ -181,7 +183,7 @@ def add_horovod_args(p):
                         "regions (with --compile: the model's blocks compiled apart, each "
                         "block's gradients reduced when its backward ends); auto: hooks eager, "
                         "and under --compile one on one host, regions across hosts or with "
-                        "--allreduce-groups or --use-adasum (training/hvd_port.py)")
+                        "--allreduce-groups or --use-adasum (training/ports/hvd_port.py)")
     return p
 
 

@@ -53,8 +53,8 @@ import os
 
 import torch
 
-from training import layout
-from training.errors import UsageError
+from training.base import layout
+from training.base.errors import UsageError
 
 CUDA_DEFAULTS = {"HOROVOD_ENABLE_ASYNC_COMPLETION": "1", "HOROVOD_CYCLE_TIME": "0.1"}
 # The cycle Horovod runs with, in seconds: on CUDA (the default above), else its own.
@@ -82,6 +82,14 @@ def compression(fp16):
     return layout.GradLayout(hvd.Compression.fp16 if fp16 else hvd.Compression.none)
 
 
+def check_adasum(args):
+    """Adasum's limits for this job (nothing without --use-adasum): one line each. Horovod must
+    have been initialized."""
+    if args.use_adasum:
+        import horovod.torch as hvd
+        check(hvd.size(), hvd.mpi_enabled())
+
+
 def check(size, mpi_enabled):
     """Adasum's limits, for a world of `size` processes: one line each."""
     if not mpi_enabled:
@@ -93,13 +101,11 @@ def check(size, mpi_enabled):
 
 def lr_size(args):
     """What the LR is multiplied by under --use-adasum (before --batches-per-allreduce): the
-    local size where Horovod's NCCL sums within a host first (on GPUs), else 1, once Adasum's
-    limits are checked. None without --use-adasum: the world size, as for an average.
-    Horovod must have been initialized."""
+    local size where Horovod's NCCL sums within a host first (on GPUs), else 1. None without
+    --use-adasum: the world size, as for an average. Horovod must have been initialized."""
     if not args.use_adasum:
         return None
     import horovod.torch as hvd
-    check(hvd.size(), hvd.mpi_enabled())
     return hvd.local_size() if torch.cuda.is_available() and hvd.nccl_built() else 1
 
 
@@ -202,3 +208,17 @@ def OneAllreduce(optimizer, named_parameters, compression, op, groups=None,
     methods["__module__"] = hvd.DistributedOptimizer.__module__
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), methods)
     return cls(optimizer, compression, op)
+
+
+def replace_batchnorm(module, factory):
+    """Swap every BatchNorm2d for factory(num_features, ...), keeping its state: the port's
+    --sync-bn, with hvd.SyncBatchNorm."""
+    for name, child in module.named_children():
+        if isinstance(child, torch.nn.BatchNorm2d):
+            new = factory(child.num_features, eps=child.eps, momentum=child.momentum,
+                          affine=child.affine, track_running_stats=child.track_running_stats)
+            new.load_state_dict(child.state_dict())
+            setattr(module, name, new.to(next(child.buffers()).device))
+        else:
+            replace_batchnorm(child, factory)
+    return module

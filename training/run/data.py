@@ -20,8 +20,8 @@ import tempfile
 import numpy as np
 import torch
 
-from training.errors import TrainerError, UsageError
-from training.safeio import atomic_write, once
+from training.base.errors import TrainerError, UsageError
+from training.base.safeio import atomic_write, once
 
 FOLDER = "cifar-10-batches-py"
 TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]

@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 
-from training.errors import TrainerError
+from training.base.errors import TrainerError
 
 # Where launchers give a process its rank before any init, in the order they are read:
 # horovodrun; Open MPI's mpirun; torchrun, whose workers under srun inherit the torchrun

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from training.data import MEAN, STD
+from training.run.data import MEAN, STD
 
 # ----------------------------------------------------------------------------
 # Sharding: which samples each rank sees.

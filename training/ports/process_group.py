@@ -56,3 +56,13 @@ def buffers_unsynced():
     if "forward_sync_buffers" in ddp:
         return {"forward_sync_buffers": False}
     return {"broadcast_buffers": False}
+
+
+def summed_copy(all_reduce):
+    """A metric allreduce from an in-place sum (torch.distributed.all_reduce): the sum of a
+    copy, so that the running sums it is given stay this rank's own."""
+    def allreduce(t):
+        t = t.clone()
+        all_reduce(t)
+        return t
+    return allreduce

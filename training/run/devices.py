@@ -16,7 +16,7 @@ import threading
 
 import torch
 
-from training.errors import UsageError
+from training.base.errors import UsageError
 
 
 def place(local_rank=0, local_size=1, spare=()):

@@ -17,7 +17,7 @@ import os
 import tempfile
 import time
 
-from training.errors import TrainerError
+from training.base.errors import TrainerError
 
 
 def atomic_write(path, write, hint="free space or fix permissions, then --resume"):

@@ -9,8 +9,8 @@ import csv
 import os
 import sys
 
-from training import safeio
-from training.safeio import atomic_write
+from training.base import safeio
+from training.base.safeio import atomic_write
 
 METRICS_COLUMNS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc",
                    "epoch_time_s", "train_time_s", "images_per_s", "world_size")
@@ -65,7 +65,7 @@ class RunLog:
         self.history = with_train_time(history)
         self.dir = args.checkpoint_dir
         self._tb = None
-        if reports:  # into the folder the run holds (checkpoints.hold_folder made it)
+        if reports:  # into the folder the run holds (rundir.hold made it)
             from torch.utils.tensorboard import SummaryWriter  # lazy: heavy import
             self._tb = SummaryWriter(os.path.join(self.dir, "tb"), purge_step=first_epoch + 1)
 

@@ -11,25 +11,23 @@ Nothing here talks to other processes: the Horovod ports call `restore` on rank 
 broadcast what it returns, the DDP port calls it on every rank. `restore` is two steps:
 `read_start` reads and checks (every refusal a line of its own, and where `reports`, one line
 saying what a --resume continues), `apply_start` loads what was read into the model and the
-optimizer. A training run then holds its
-folder (`hold_folder`, by the process that reports) before it writes anything there.
+optimizer. The run folder is checked and held apart from these (rundir.py).
 """
 import os
-import socket
 import zipfile
 
 import torch
 
-from training import cli, data, recipe
-from training.errors import TrainerError, UsageError
-from training.layout import contiguous_state
-from training.safeio import atomic_write, hold, holder_of
+from training.base import recipe
+from training.base.errors import TrainerError, UsageError
+from training.base.layout import contiguous_state
+from training.base.safeio import atomic_write
+from training.run import cli, data
 
 # 2: the LR schedule's state is saved under "schedule" (format 1 called it "scheduler").
 FORMAT = 2
 # in --checkpoint-dir: the last epoch's, the best test accuracy's
 LAST, BEST = "ckpt.pth", "best.pth"
-HOLDER = ".run.lock"  # in --checkpoint-dir: locked by the run that writes there
 # What torch.load says of a file cut short or damaged (its zip reader's words, pickle's).
 TRUNCATED = ("zip archive", "central directory", "Ran out of input", "invalid load key",
              "unexpected EOF", "truncated")
@@ -293,69 +291,3 @@ def resume_line(path, start, args, restarted, imported=False):
     origin = " (pytorch-cifar's: no optimizer state)" if imported else ""
     return (f"resuming {path}{origin} after epoch {done}, "
             f"best test acc {start['best_acc']:.4f}; {lr}")
-
-
-def preflight(args, reports):
-    """Fail before any work on what would fail later. Creates nothing.
-
-    Only the process that reads and writes checkpoints (the one that reports) checks
-    them: on several hosts the others may not even see the folder.
-    """
-    if not reports:
-        return
-    if (args.resume or args.evaluate) and not os.path.isfile(checkpoint_path(args)):
-        raise TrainerError(f"no checkpoint at {checkpoint_path(args)}: "
-                           "train without --resume first, "
-                           "or point --checkpoint (or --checkpoint-dir) at one")
-    if args.evaluate:
-        return
-    d = os.path.abspath(args.checkpoint_dir)
-    parent = d
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
-        raise TrainerError(f"cannot write to --checkpoint-dir {args.checkpoint_dir} "
-                           f"({parent} is not a "
-                           "writable folder); fix its permissions or choose another folder")
-    refuse_replacing(args)
-
-
-def refuse_replacing(args):
-    """A fresh run does not replace a checkpoint unless told to. Where a running run holds
-    the folder (and wrote that checkpoint), that is what the user is told."""
-    existing = os.path.join(args.checkpoint_dir, LAST)
-    if not resuming(args) and not args.overwrite and os.path.exists(existing):
-        holder = holder_of(os.path.join(args.checkpoint_dir, HOLDER))
-        if holder is not None:
-            raise _in_use(args.checkpoint_dir, holder)
-        raise UsageError(f"{existing} already exists; pass --resume to continue it, --overwrite to "
-                         "replace it, or another --checkpoint-dir")
-
-
-def hold_folder(args, reports=True):
-    """Make --checkpoint-dir this run's until the process ends, or stop with one line naming
-    the run that holds it: two runs writing one folder would overwrite each other's
-    checkpoints and metrics in turn. A lock file the kernel drops with its process,
-    however it ends, so a restarted job takes the folder over once the old run is gone.
-    Under the lock, a fresh run looks again for a checkpoint it must not replace (one that
-    another run finished since preflight). Only the process that reports holds it."""
-    if not reports:
-        return
-    folder = args.checkpoint_dir
-    try:
-        os.makedirs(folder, exist_ok=True)
-    except OSError as e:
-        raise TrainerError(f"cannot create --checkpoint-dir {folder} ({e.strerror or e}); "
-                           "choose another folder") from e
-    owner = f"host {socket.gethostname()}, process {os.getpid()}"
-    holder = hold(os.path.join(folder, HOLDER), owner,
-                  hint="fix the permissions of --checkpoint-dir")
-    if holder is not None:
-        raise _in_use(folder, holder)
-    refuse_replacing(args)
-
-
-def _in_use(folder, holder):
-    return TrainerError(f"--checkpoint-dir {folder} is in use by another run "
-                        f"({holder or 'starting'}); "
-                        "wait for it to end, or choose another --checkpoint-dir")
