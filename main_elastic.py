@@ -19,7 +19,6 @@ main_horovod.py's. Whoever is rank 0 of the current world writes them, so
 --checkpoint-dir must be a folder every worker sees.
 """
 import sys
-import time
 
 import horovod.torch as hvd
 
@@ -27,7 +26,7 @@ from main_horovod import distributed_optimizer
 from training.base import layout
 from training.base.errors import TrainerError, UsageError
 from training.ports import hvd_port
-from training.run import checkpoints, cli, data, devices, divergence, launch, rundir, runlog
+from training.run import checkpoints, cli, data, devices, launch, rundir, runlog
 import utils
 
 
@@ -109,13 +108,10 @@ def run_epochs(state, worker, train_model, optimizer, scaler, schedule):
     for epoch in range(state.epoch, cli.last_epoch(args)):
         if utils.target_reached(args, log.history):  # --target-acc: an epoch reached it
             break
-        t0 = time.perf_counter()
-        train = utils.train_epoch(train_model, train_loader, optimizer, scaler, schedule, epoch,
-                                  args, world, profile=epoch == worker.first_epoch)
-        seconds = time.perf_counter() - t0
-        utils.average_batchnorm(state.model, world)  # what is evaluated is what is saved
-        test = utils.evaluate(train_model, test_loader, args, world)
-        divergence.check_epoch(state.model, train, test, epoch, world)  # before anything is saved
+        first = epoch == worker.first_epoch  # the first epoch this process trains is profiled
+        train, test, seconds = utils.train_and_test(train_model, state.model, train_loader,
+                                                    test_loader, optimizer, scaler, schedule, epoch,
+                                                    args, world, profile=first)
         is_best, best_acc = test["acc"] > state.best_acc, max(state.best_acc, test["acc"])
         history = log.add(epoch, train, test, seconds)
         ckpt = checkpoints.checkpoint_state(args, state.model, optimizer, scaler, schedule,

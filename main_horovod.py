@@ -11,13 +11,12 @@ main_horovod.py on many processes with Horovod, main_ddp.py with PyTorch's DDP.
   python main.py --dataset synthetic --arch lenet --epochs 2   # no download needed
 """
 import sys
-import time
 
 # Horovod: the PyTorch binding (main.py runs without it); what the port asks of Horovod.
 import horovod.torch as hvd
 
 from training.ports import hvd_port
-from training.run import checkpoints, cli, data, devices, divergence, launch, rundir, runlog
+from training.run import checkpoints, cli, data, devices, launch, rundir, runlog
 import utils
 
 
@@ -64,13 +63,9 @@ def main(argv=None):
     for epoch in range(start["epoch"], cli.last_epoch(args)):
         if utils.target_reached(args, log.history):  # --target-acc: an epoch reached it
             break
-        t0 = time.perf_counter()
-        train = utils.train_epoch(train_model, train_loader, optimizer, scaler, schedule, epoch,
-                                  args, world, profile=epoch == start["epoch"])
-        seconds = time.perf_counter() - t0
-        utils.average_batchnorm(model, world)  # what is evaluated is what is saved
-        test = utils.evaluate(train_model, test_loader, args, world)
-        divergence.check_epoch(model, train, test, epoch, world)  # before anything is saved
+        train, test, seconds = utils.train_and_test(train_model, model, train_loader, test_loader,
+                                                    optimizer, scaler, schedule, epoch, args, world,
+                                                    profile=epoch == start["epoch"])
         is_best, best_acc = test["acc"] > best_acc, max(best_acc, test["acc"])
         history = log.add(epoch, train, test, seconds)  # the epoch's line and metrics row
         state = checkpoints.checkpoint_state(args, model, optimizer, scaler, schedule, epoch + 1,

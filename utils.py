@@ -11,6 +11,7 @@ One function knows of Horovod's DistributedOptimizer by its methods:
 import contextlib
 import copy
 import dataclasses
+import time
 from typing import Callable
 
 import torch
@@ -273,6 +274,22 @@ def optimizer_step(optimizer, scaler, profiler=None, adasum=False):
         with profiler.phase("optimizer-step"):
             scaler.step(optimizer)
     scaler.update()
+
+
+def train_and_test(train_model, model, train_loader, test_loader, optimizer, scaler, schedule,
+                   epoch, args, world=World(), profile=False):
+    """One epoch as every trainer runs it: (train metrics, test metrics, seconds of training).
+    The training, then the ranks' BatchNorm statistics averaged (what is evaluated is what is
+    saved), the test, and the divergence guard, which runs before the caller saves anything.
+    `model` is the plain module under `train_model` (the one whose buffers are saved)."""
+    t0 = time.perf_counter()
+    train = train_epoch(train_model, train_loader, optimizer, scaler, schedule, epoch, args, world,
+                        profile=profile)
+    seconds = time.perf_counter() - t0
+    average_batchnorm(model, world)
+    test = evaluate(train_model, test_loader, args, world)
+    divergence.check_epoch(model, train, test, epoch, world)
+    return train, test, seconds
 
 
 def train_epoch(model, loader, optimizer, scaler, schedule, epoch, args, world=World(),
