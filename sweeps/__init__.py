@@ -2,13 +2,14 @@
 groups of processes, each group training ordinary main_horovod.py runs (main_horovod.main) one
 after another. One concern a module:
 
+  flags        main_sweep.py's flags: --sweep and --search's grammar and checks, a run's flags
   sweep        --sweep: a grid of runs, queued on the groups
   search       --search: an Optuna study over the groups, with pruning
-  groups       one MPI job as groups of processes, each training a Horovod run at a time
+  groups       one MPI job as groups of processes, each training a Horovod run at a time, and
+               the job's course, a grid's and a study's alike (run_job)
   run_queue    the queue of a sweep's runs, which groups take from
   headed       lines headed by their run, for runs printing side by side
-  sweep_report what a sweep reports: sweep.csv, the table, sweep.png
-  search_report  what a search reports: search.csv, the best trials, search.png
+  report       what a sweep and a search report: their CSV, table and PNG
 
 It imports the trainer's library (training/), never the other way round. Importing the package
 imports nothing else.

@@ -6,19 +6,60 @@ mpi4py splits MPI.COMM_WORLD into groups of --ranks-per-run consecutive ranks (`
 communicator (`run_in_group`): its collectives stay within its ranks, and a run that fails
 ends alone. A process whose group has no run left waits for the others without keeping a core
 busy (`wait_for_every_run`). Horovod's gloo controller has no communicator to split
-(`check_controller`). Which run a group takes next is run_queue.py's (a sweep) or search.py's
-(a study); which share of its host a process computes on, devices.py's.
+(`check_controller`). `run_job` is the job's course, a grid's and a study's alike; which run a
+group takes next is run_queue.py's (a sweep) or search.py's (a study); which share of its host a
+process computes on, devices.py's.
 """
 import os
 import sys
 import time
 
 from sweeps.headed import headed
-from training.base.errors import TrainerError, UsageError
+from training.base.errors import RunsFailed, TrainerError, UsageError
 from training.run import launch
+from training.run.devices import node_slot, take_host_share
 
 # Why a run failed on a rank whose collective failed because another rank of the run failed.
 RUN_PEER_FAILED = "another rank of this run failed (its error is above)"
+
+
+def run_job(per_run, prepare, source, train, summarize):
+    """One job's course, on every process, once the job's checks have passed:
+
+    - world rank 0 runs `prepare()` (the queue reset, the study opened); what it returns, or the
+      TrainerError it raised, reaches every rank, and the error ends the job on every rank;
+    - each process narrows itself to its share of its host and joins its group of `per_run`;
+    - each group's rank 0 makes `source(group index, what prepare returned)`, whose
+      `take(ranks)` gives the group's next run, None once none is left, and every rank of the
+      group trains it: `train(group, source or None, run, ranks)`, which returns an outcome;
+    - once every run has ended, world rank 0 gets every group's outcomes in one list and
+      `summarize(outcomes)` says why the job failed, or None; RunsFailed then ends the job on
+      every rank."""
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    prepared = None
+    if world.Get_rank() == 0:
+        try:
+            prepared = prepare()
+        except TrainerError as e:
+            prepared = e
+    prepared = world.bcast(prepared, root=0)
+    if isinstance(prepared, TrainerError):
+        prepared.every_rank = True  # now every rank's: rank 0 alone says it
+        raise prepared
+    take_host_share(*node_slot())
+    group, index, ranks = split(world, per_run)
+    taker = source(index, prepared) if group.Get_rank() == 0 else None
+    outcomes = []
+    while (run := group.bcast(taker.take(ranks) if taker else None)) is not None:
+        outcomes.append(train(group, taker, run, ranks))
+    wait_for_every_run(world)
+    gathered = world.gather(outcomes if group.Get_rank() == 0 else [], root=0)
+    failure = summarize([o for part in gathered for o in part]) if world.Get_rank() == 0 else None
+    failure = world.bcast(failure, root=0)
+    group.Free()
+    if failure:
+        raise RunsFailed(failure)
 
 
 def check_controller(flag="--sweep"):

@@ -21,19 +21,18 @@ trials left running continue from their checkpoints under the same number, finis
 never trained again. A trial that fails (a divergence, which ends a run alone with exit status
 3; a corrupt checkpoint) is told to the study as failed, its reason a user attribute, and the
 search goes on. One job at a time runs a study. World rank 0 sums the study up at the end
-(search_report.py).
+(report.py).
 """
 import json
 import os
 import shlex
 import sys
 
-from sweeps import flags, groups, search_report
+from sweeps import flags, groups, report
 from sweeps.headed import headed
 from training.base import safeio
-from training.base.errors import RunsFailed, TrainerError, UsageError
+from training.base.errors import TrainerError, UsageError
 from training.run import cli, launch
-from training.run.devices import node_slot, take_host_share
 
 STUDY = "study.journal"  # in CHECKPOINT_DIR: the study, Optuna's journal
 STUDY_NAME = "search"
@@ -82,39 +81,29 @@ def space_text(record):
 
 
 def run(main, args, argv):
-    """main_sweep.py --search: every check first (check_search; then the study file on world
-    rank 0, open_study), then this process's group trains trials from the study until it holds
-    --trials and none is left running (train_trial each), then world rank 0 sums the study up."""
+    """main_sweep.py --search: every check first (check_search), then the job's course
+    (groups.run_job): the study file opened on world rank 0 (open_study), each group training
+    trials from the study until it holds --trials and none is left running (train_trial each),
+    and world rank 0 summing the study up (summarize); RunsFailed where no trial completed."""
     from mpi4py import MPI
     try:
         import optuna  # noqa: F401
     except ImportError:
         raise UsageError("--search needs optuna, which this environment lacks: run `make setup` "
                          "where pip reaches a package index, or `pip install optuna`") from None
-    world = MPI.COMM_WORLD
-    per_run = check_search(args, argv, world.Get_size())
-    opened = None
-    if world.Get_rank() == 0:
-        try:
-            opened = open_study(args)
-        except TrainerError as e:
-            opened = e
-    opened = world.bcast(opened, root=0)
-    if isinstance(opened, TrainerError):
-        opened.every_rank = True  # now every rank's: rank 0 alone says it
-        raise opened
-    take_host_share(*node_slot())
-    group, index, ranks = groups.split(world, per_run)
-    study = Study(args, index, opened) if group.Get_rank() == 0 else None
-    while (trial := group.bcast(study.take(ranks) if study else None)) is not None:
+    per_run = check_search(args, argv, MPI.COMM_WORLD.Get_size())
+
+    def train(group, study, trial, ranks):
         train_trial(main, args, argv, group, study, *trial)
-    groups.wait_for_every_run(world)
-    completed = summarize(args, argv, per_run) if world.Get_rank() == 0 else None
-    completed = world.bcast(completed, root=0)
-    group.Free()
-    if not completed:
-        raise RunsFailed(f"none of the {args.trials} trials completed (their errors are above, "
-                         f"and their rows in {os.path.join(args.checkpoint_dir, 'search.csv')})")
+
+    def failure(outcomes):
+        if not summarize(args, argv, per_run):
+            return (f"none of the {args.trials} trials completed (their errors are above, and "
+                    f"their rows in {os.path.join(args.checkpoint_dir, 'search.csv')})")
+        return None
+
+    groups.run_job(per_run, lambda: open_study(args),
+                   lambda index, held: Study(args, index, held), train, failure)
 
 
 def check_search(args, argv, processes):
@@ -132,7 +121,7 @@ def check_search(args, argv, processes):
 
 
 def summarize(args, argv, per_run):
-    """World rank 0, once every trial has ended: the study summed up (search_report.py), with
+    """World rank 0, once every trial has ended: the study summed up (report.py), with
     the command that retrains its best trial alone. Returns how many trials completed."""
     import optuna
     trials = optuna.load_study(study_name=STUDY_NAME, storage=journal(args)).get_trials()
@@ -140,7 +129,7 @@ def summarize(args, argv, per_run):
     best = max(done, key=lambda t: t.value, default=None)
     retrain = retrain_command(args, argv, best, per_run) if best else ""
     dashboard = shlex.join(["optuna-dashboard", os.path.join(args.checkpoint_dir, STUDY)])
-    return search_report.write(args.checkpoint_dir, [axis.flag for axis in args.search], trials,
+    return report.write_study(args.checkpoint_dir, [axis.flag for axis in args.search], trials,
                                retrain, dashboard)
 
 

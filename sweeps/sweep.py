@@ -13,7 +13,7 @@ headed by its settings. The sweep adds --auto-resume (unless --resume or --overw
 given), so every run resumes alone, and a re-submitted sweep continues the runs that are not
 finished and trains nothing more of those that are. CHECKPOINT_DIR must be a folder every host
 sees: a run may be continued by another group than the one that started it. World rank 0
-gathers every run's outcome and writes the summary (sweep_report.py).
+gathers every run's outcome and writes the summary (report.py).
 
 A run that fails, on all of its ranks alike (a divergence, a value that does not suit it) or
 on one of them (its checkpoint, read by its rank 0 alone, is corrupt; the others' collectives
@@ -24,11 +24,9 @@ last finished epoch.
 import itertools
 import os
 
-from sweeps import flags, groups, sweep_report
+from sweeps import flags, groups, report
 from sweeps.run_queue import RunQueue
-from training.base.errors import RunsFailed
 from training.run import cli
-from training.run.devices import node_slot, take_host_share
 
 
 def combinations(axes):
@@ -58,30 +56,21 @@ def run_argv(args, argv, name, combo):
 
 
 def run(main, args, argv):
-    """main_sweep.py --sweep: every check first (check_sweep), then this process's group trains
-    runs from the queue until none is left (train_in_group each), then the outcomes are
-    gathered on world rank 0, which writes the summary (gather_outcomes), and the job's status
-    (RunsFailed when a run failed)."""
+    """main_sweep.py --sweep: every check first (check_sweep), then the job's course
+    (groups.run_job): the queue reset, each group training runs from it until none is left
+    (train_in_group each), and world rank 0 writing the summary of every run's outcome
+    (summarize); RunsFailed where a run failed."""
     from mpi4py import MPI
-    world = MPI.COMM_WORLD
-    runs, per_run = check_sweep(args, argv, world.Get_size())
-    take_host_share(*node_slot())
-    group, _, ranks = groups.split(world, per_run)
+    runs, per_run = check_sweep(args, argv, MPI.COMM_WORLD.Get_size())
     queue = RunQueue(args.checkpoint_dir)
-    if world.Get_rank() == 0:
-        queue.reset()
-    world.Barrier()
-    outcomes = []
-    while (index := group.bcast(queue.take() if group.Get_rank() == 0 else None)) < len(runs):
-        name, combo = runs[index]
-        outcome = train_in_group(main, run_argv(args, argv, name, combo), name, combo, group)
-        outcomes.append(dict(outcome, ranks=ranks))
-    failed = gather_outcomes(world, group, outcomes, args, runs)
-    group.Free()
-    if failed:
-        summary = os.path.join(args.checkpoint_dir, "sweep.csv")
-        raise RunsFailed(f"{failed} of {len(runs)} runs failed (their errors are above, and their "
-                         f"rows in {summary}); the others finished")
+
+    def train(group, grid, run, ranks):
+        name, combo = run
+        return dict(train_in_group(main, run_argv(args, argv, name, combo), name, combo, group),
+                    ranks=ranks)
+
+    groups.run_job(per_run, queue.reset, lambda index, prepared: Grid(runs, queue), train,
+                   lambda outcomes: summarize(args, runs, outcomes))
 
 
 def check_sweep(args, argv, processes):
@@ -102,21 +91,31 @@ def train_in_group(main, argv, name, combo, group):
     history, why = groups.run_in_group(main, argv, group, label(combo), f"run {name}")
     outcome = {"run": name, **dict(combo)}
     if why is None:
-        outcome.update(sweep_report.summary(history), status="finished")
+        outcome.update(report.summary(history), status="finished")
     else:
         outcome.update(status=f"failed: {why}")
     return outcome
 
 
-def gather_outcomes(world, group, outcomes, args, runs):
-    """Once every run has ended, world rank 0 gathers the outcomes (each group's rank 0 holds
-    its runs') and writes the summary; every rank learns how many runs failed."""
-    groups.wait_for_every_run(world)
-    gathered = world.gather(outcomes if group.Get_rank() == 0 else [], root=0)
-    failed = 0
-    if world.Get_rank() == 0:
-        order = {name: i for i, (name, _) in enumerate(runs)}
-        rows = sorted((o for part in gathered for o in part), key=lambda o: order[o["run"]])
-        sweep_report.write(args.checkpoint_dir, [flag for flag, _ in args.sweep], rows)
-        failed = sum(not r["status"].startswith("finished") for r in rows)
-    return world.bcast(failed, root=0)
+class Grid:
+    """A group's source of runs (groups.run_job's): the sweep's runs, in the queue's order."""
+
+    def __init__(self, runs, queue):
+        self.runs, self.queue = runs, queue
+
+    def take(self, ranks):
+        """The next run no group has taken, now this group's; None once none is left."""
+        index = self.queue.take()
+        return self.runs[index] if index < len(self.runs) else None
+
+
+def summarize(args, runs, outcomes):
+    """World rank 0, once every run has ended: sweep.csv, the table and sweep.png, in the order
+    of the --sweep lists; why the job failed (how many runs did), or None."""
+    order = {name: i for i, (name, _) in enumerate(runs)}
+    rows = sorted(outcomes, key=lambda o: order[o["run"]])
+    report.write_grid(args.checkpoint_dir, [flag for flag, _ in args.sweep], rows)
+    failed = sum(not r["status"].startswith("finished") for r in rows)
+    summary = os.path.join(args.checkpoint_dir, "sweep.csv")
+    return (f"{failed} of {len(runs)} runs failed (their errors are above, and their rows in "
+            f"{summary}); the others finished") if failed else None

@@ -1,8 +1,8 @@
-"""search_report.py in process: search.csv, the table and search.png from a study's trials."""
+"""sweeps/report.py in process: search.csv, the table and search.png from a study's trials."""
 import csv
 import types
 
-from sweeps import search_report
+from sweeps import report
 
 
 def trial(number, state, value=None, lr=0.1, epochs=0, folder=None, **attrs):
@@ -19,7 +19,7 @@ def test_the_best_completed_trials_first_every_trial_in_the_csv_and_the_figure(t
               trial(1, "PRUNED", 0.1, lr=1e-5, folder=tmp_path / "trial-1", ranks="1"),
               trial(2, "FAIL", lr=1e38, folder=tmp_path / "trial-2", ranks="1", fail_reason="epoch 1: diverged"),
               trial(3, "COMPLETE", 0.7, lr=0.2, folder=tmp_path / "trial-3", ranks="0")]
-    completed = search_report.write(str(tmp_path), ["lr", "arch"], trials, "python main_horovod.py --lr=0.2",
+    completed = report.write_study(str(tmp_path), ["lr", "arch"], trials, "python main_horovod.py --lr=0.2",
                                     "optuna-dashboard study.journal")
     assert completed == 2
     out = capsys.readouterr().out.splitlines()
@@ -37,5 +37,5 @@ def test_the_best_completed_trials_first_every_trial_in_the_csv_and_the_figure(t
 
 
 def test_a_study_with_no_completed_trial_says_so(tmp_path, capsys):
-    assert search_report.write(str(tmp_path), ["lr"], [trial(0, "FAIL", folder=tmp_path / "none")], "", "") == 0
+    assert report.write_study(str(tmp_path), ["lr"], [trial(0, "FAIL", folder=tmp_path / "none")], "", "") == 0
     assert capsys.readouterr().out.splitlines()[-1] == "no trial completed"
