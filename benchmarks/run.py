@@ -63,6 +63,7 @@ from benchmarks.figures import (
     search_wall_time_vs_grid,
     sweep_wall_time,
 )
+from benchmarks.gpu import results_section
 from training.run import devices
 
 # The registry: every figure, in the order they run and are reported. A new figure is a module of
@@ -128,7 +129,7 @@ def main(argv=None):
     for name, why in failed.items():
         res["figures"].setdefault(name, {"value": None, "skipped": f"failed: {why}"})
     res["failed"] = sorted(failed)
-    harness.finish(res, FIGURES, out, started)
+    harness.finish(res, FIGURES, out, started, tail=results_section.lines(out))
     harness.log(f"done in {res['duration_s']:.0f} s: {os.path.join(out, 'results.json')}, "
                 f"{os.path.join(out, 'RESULTS.md')}")
     for name, f in res["figures"].items():

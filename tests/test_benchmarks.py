@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from benchmarks import harness, run
+from benchmarks.gpu import results_section
 
 ROOT = harness.ROOT
 
@@ -173,9 +174,9 @@ def test_gpu_section_replaces_only_itself(tmp_path):
                               "jobs": [{"job": "ddp", "ok": False, "error": "RuntimeError: x"}]}}
     md = tmp_path / "RESULTS.md"
     md.write_text("# Benchmarks\n\ncpu figures\n")
-    harness.write_gpu_section(md, gpu)
+    results_section.write(md, gpu)
     gpu["device"] = gpu["second_command"]["device"] = "GPU Z"
-    harness.write_gpu_section(md, gpu)  # a second run replaces the section, keeps the rest
+    results_section.write(md, gpu)  # a second run replaces the section, keeps the rest
     text = md.read_text()
     assert text.startswith("# Benchmarks\n\ncpu figures\n\n## On a GPU: GPU Z\n") and "GPU Y" not in text
     assert "| `main_bs128_bf16_img_s` | 20000 | >= 35000 | **no** |" in text
