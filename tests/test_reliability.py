@@ -7,7 +7,6 @@ import re
 import shutil
 import signal
 import socket
-import stat
 import subprocess
 import time
 
@@ -441,15 +440,3 @@ def test_a_restart_takes_the_folder_over_once_the_old_run_is_gone(data_dir, tmp_
     assert again.returncode == 0, again.stderr[-2000:]
     assert f"has finished epoch {done + 1}: nothing left to train" in again.stdout
     assert [int(x["epoch"]) for x in read_metrics(ck)] == list(range(1, done + 2))
-
-
-def test_a_run_writes_files_with_the_mode_of_its_umask(tmp_path):
-    # A fresh --data-dir, so the generated batches are checked too.
-    r = run_main(common_args(tmp_path / "data", tmp_path / "ck", epochs=1),
-                 preexec_fn=lambda: os.umask(0o027))
-    assert r.returncode == 0, r.stderr[-2000:]
-    files = [os.path.join(d, f) for top in ("data", "ck") for d, _, fs in os.walk(tmp_path / top) for f in fs]
-    names = {os.path.basename(f) for f in files}
-    assert {"ckpt.pth", "best.pth", "metrics.csv", "curves.png", "data_batch_1", "test_batch"} <= names
-    modes = {f: oct(stat.S_IMODE(os.stat(f).st_mode)) for f in files}
-    assert set(modes.values()) == {"0o640"}, modes

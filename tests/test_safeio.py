@@ -1,4 +1,5 @@
-"""safeio.py: atomic writes and their modes, work done once under a lock, a held folder."""
+"""safeio.py: atomic writes and their modes (a whole run's files under a umask too), work done once
+under a lock, a held folder."""
 import os
 import stat
 import subprocess
@@ -7,7 +8,7 @@ import time
 
 import pytest
 
-from helpers import probe_cmd
+from helpers import common_args, probe_cmd, run_main
 from training.base import safeio
 from training.base.errors import TrainerError
 
@@ -92,3 +93,15 @@ def test_holder_of_names_the_holder_and_creates_nothing(tmp_path):
         holder.wait()
     assert safeio.holder_of(str(lock)) is None
     assert safeio.hold(str(lock), "this test") is None
+
+
+def test_a_run_writes_files_with_the_mode_of_its_umask(tmp_path):
+    # A fresh --data-dir, so the generated batches are checked too.
+    r = run_main(common_args(tmp_path / "data", tmp_path / "ck", epochs=1),
+                 preexec_fn=lambda: os.umask(0o027))
+    assert r.returncode == 0, r.stderr[-2000:]
+    files = [os.path.join(d, f) for top in ("data", "ck") for d, _, fs in os.walk(tmp_path / top) for f in fs]
+    names = {os.path.basename(f) for f in files}
+    assert {"ckpt.pth", "best.pth", "metrics.csv", "curves.png", "data_batch_1", "test_batch"} <= names
+    modes = {f: oct(stat.S_IMODE(os.stat(f).st_mode)) for f in files}
+    assert set(modes.values()) == {"0o640"}, modes

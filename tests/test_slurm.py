@@ -12,14 +12,11 @@ Every rank runs one thread (OMP_NUM_THREADS=1), here and in the one-host referen
 and the comparisons are bitwise.
 Without root (namespaces) the module is skipped, in one line; under CI it fails instead.
 """
-import contextlib
 import csv
 import os
 import re
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 from typing import NamedTuple
 
@@ -31,13 +28,10 @@ from helpers import (
     CLUSTER_EPOCHS,
     ONE_THREAD,
     PY,
-    ROOT,
     UNTIL_ENDED,
     assert_ok,
     assert_states_equal,
     common_args,
-    env,
-    is_gone,
     load_ckpt,
     load_ranks,
     metrics_rows,
@@ -49,9 +43,9 @@ from helpers import (
     wait_until,
     without_lr,
 )
+from slurm_cluster import Cluster, assert_nothing_left, cluster_pids, down, frozen, signalled
 from training.run import launch
 
-SCRIPT = os.path.join(ROOT, "scripts", "local_slurm.sh")
 JOB_TIMEOUT = 300  # seconds for one job to start and train a few tiny epochs, on a busy machine
 STOP_AT = 6  # where a stopped and requeued job ends by itself (see frozen() for why it is reached late)
 # Slurm's states of a job that is over (a requeued job is PENDING, then RUNNING again).
@@ -59,93 +53,12 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED"
          "BOOT_FAIL", "DEADLINE"}
 
 
-class Cluster:
-    """scripts/local_slurm.sh under a name, folder and network of its own, so that it never
-    meets a cluster a user (or another test run) has up. The folder is right in /tmp: munged
-    refuses a socket below pytest's private (0700) temporary folders."""
-
-    def __init__(self, prefix="s"):
-        tag = os.getpid() % 100000
-        self.name = f"{prefix}{tag}"
-        self.folder = os.path.join(tempfile.gettempdir(), f"test-slurm-{self.name}")
-        self.env = {"LOCAL_SLURM_DIR": self.folder, "LOCAL_SLURM_NAME": self.name,
-                    "LOCAL_SLURM_NET": f"169.254.{100 + (tag + ord(prefix)) % 150}"}
-        self.vars = {}
-
-    def script(self, *args, timeout=120):
-        return subprocess.run(["bash", SCRIPT, *args], cwd=ROOT, env=env(self.env), capture_output=True,
-                              text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-
-    def up(self, n):
-        r = self.script("up", str(n), timeout=600)  # the first up may install Slurm
-        if r.returncode == 77:
-            skip_or_fail(f"no cluster of network namespaces here: {r.stderr.strip()}")
-        assert r.returncode == 0, r.stderr[-3000:]
-        self.vars = dict(line.split("=", 1) for line in r.stdout.splitlines())
-        self.nodes = self.vars["LOCAL_SLURM_NODES"].split(",")
-
-    def cmd(self, node, *cmd):
-        """cmd run on node `node` (1, 2): launch it with env_extra=self.env."""
-        return ["bash", SCRIPT, "on", str(node), *map(str, cmd)]
-
-    def on(self, node, *cmd, env_extra=None, timeout=60):
-        return run(self.cmd(node, *cmd), timeout=timeout, env_extra=dict(self.env, **(env_extra or {})))
-
-    def sbatch(self, *args, env_extra=None):
-        """Submit from node 1 in the project folder, as a user would; returns the job id."""
-        r = assert_ok(self.on(1, "sbatch", "--parsable", *args, env_extra=env_extra))
-        return int(r.stdout.strip().split(";")[0])
-
-    def show(self, job):
-        """`scontrol show job` as {field: value}."""
-        r = assert_ok(self.on(1, "scontrol", "--oneliner", "show", "job", job))
-        return dict(re.findall(r"(\w+)=(\S*)", r.stdout))
-
-    def jobs(self):
-        return assert_ok(self.on(1, "squeue", "--noheader", "--format", "%i %T")).stdout.split("\n")[:-1]
-
-
-def cluster_pids(folder):
-    """{pid: command line} of live processes whose command line or environment names the
-    cluster's folder: its daemons (started with LOCAL_SLURM_DIR set) and whatever ran on its
-    nodes (SLURM_CONF)."""
-    found = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f, open(f"/proc/{pid}/environ", "rb") as g:
-                cmd, environ = f.read(), g.read()
-        except OSError:
-            continue
-        if folder.encode() in cmd + environ and not is_gone(int(pid)):
-            found[int(pid)] = cmd.replace(b"\0", b" ").decode(errors="replace").strip()
-    return found
-
-
-def assert_nothing_left(c):
-    """No namespace, link, process or file of cluster `c` is left."""
-    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
-    assert f"{c.name}-" not in namespaces and f"{c.name}-" not in links, (namespaces, links)
-    left = cluster_pids(c.folder)
-    assert not left, f"still running: {left}"
-    assert not os.path.exists(c.folder), os.listdir(c.folder)
-
-
 @pytest.fixture(scope="module")
 def cluster(request):
     c = Cluster()
-    request.addfinalizer(lambda: _down(c))  # first: a failed `up` is torn down too
+    request.addfinalizer(lambda: down(c))  # first: a failed `up` is torn down too
     c.up(2)
     return c
-
-
-def _down(c):
-    try:
-        r = c.script("down")
-        assert r.returncode == 0, r.stderr
-        assert_nothing_left(c)
-    finally:  # the test has failed already if anything is left in it
-        shutil.rmtree(c.folder, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
@@ -316,37 +229,6 @@ def trainer_ranks(launcher, marker):
     """{rank: pid} of the job's trainer processes (their command line holds `marker`)."""
     return {int(e[launcher.rank_var]): pid for pid, e in trainer_pids(launcher.trainer, marker).items()
             if launcher.rank_var in e}
-
-
-@contextlib.contextmanager
-def frozen(pids):
-    """The processes stopped (SIGSTOP) for the block, and continued after it whatever happens.
-
-    A tiny epoch takes well under a second, and Slurm's signal comes some time after the test
-    asks for it: with a rank frozen, no rank gets past its next allreduce, so the job cannot
-    reach --stop-at and end by itself in between, however fast or slow the machine. A signal
-    sent to a stopped process waits for it (on pre-emption Slurm sends SIGCONT, then SIGTERM),
-    so the ranks still get what they were sent."""
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
-
-
-def signalled(pid, signum):
-    """Whether the stopped process `pid` has `signum` pending, or was continued (by Slurm, which
-    sends SIGCONT right before SIGTERM), or has ended."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            fields = dict(line.split(":", 1) for line in f if ":" in line)
-    except OSError:
-        return True
-    pending = int(fields["SigPnd"], 16) | int(fields["ShdPnd"], 16)
-    return not fields["State"].strip().startswith("T") or bool(pending >> (signum - 1) & 1)
 
 
 def stop_and_requeue(cluster, launcher, data_dir, tmp_path, stop, reached=(0, 1)):
@@ -537,10 +419,10 @@ def test_down_ends_running_jobs_and_leaves_nothing(tmp_path):
         job = c.sbatch("-N2", f"--output={tmp_path / 'job.out'}", "--wrap", "srun sleep 600")
         programs = lambda: [os.path.basename(cmd.partition(" ")[0]) for cmd in cluster_pids(c.folder).values()]  # noqa: E731
         wait_until(lambda: programs().count("sleep") == 2, 60, f"job {job}'s sleep on both nodes")
-        _down(c)
+        down(c)
         assert c.script("down").returncode == 0  # again: nothing to do, no error
     finally:
-        _down(c)
+        down(c)
 
 
 def test_down_removes_everything_also_after_a_failed_up(tmp_path):
@@ -554,5 +436,5 @@ def test_down_removes_everything_also_after_a_failed_up(tmp_path):
         assert_nothing_left(c)
         assert c.script("down").returncode == 0
     finally:
-        _down(c)
+        down(c)
         subprocess.run(["ip", "netns", "del", f"{c.name}-n2"], capture_output=True)
