@@ -87,15 +87,24 @@ def run(cfg, ctx):
                     "window_share": med(name, "spread_ms") / med(name, "compute_ms"),
                     "repeats": [x["overlap"] for x in got[name]]} for name in SIDES}
     return {"value": sides["Horovod, --compile"]["overlap"], "repeats": sides["Horovod, --compile"]["repeats"],
-            "sides": sides,
-            "setup": {"model": {k: cfg[k] for k in ("arch", "train_size", "train_batch", "train_epochs")},
-                      "commands": {name: got[name][-1]["command"] for name in SIDES}}}
+            "sides": sides, "setup": setup(cfg, got)}
+
+
+def setup(cfg, got):
+    """The model's settings and each side's last command, as this figure and the window ratio keep them."""
+    return {"model": {k: cfg[k] for k in ("arch", "train_size", "train_batch", "train_epochs")},
+            "commands": {name: runs[-1]["command"] for name, runs in got.items()}}
+
+
+def model_line(fig):
+    """How a run-of-sides figure's section begins: the model and data of every side."""
+    st = fig["setup"]["model"]
+    return (f"{st['arch']}, batch {st['train_batch']}, {st['train_size']} images, {st['train_epochs']} epochs at "
+            "np=2 (one thread a rank)")
 
 
 def markdown(fig):
-    st = fig["setup"]["model"]
-    L = [f"{st['arch']}, batch {st['train_batch']}, {st['train_size']} images, {st['train_epochs']} epochs at "
-         "np=2 (one thread a rank); medians over the steps after the first five, then over the repeats. The "
+    L = [model_line(fig) + "; medians over the steps after the first five, then over the repeats. The "
          "window is the share of the backward in which gradients are ready to be reduced; the overlap, the "
          "share of the reduction (timed alone) that the backward hid.", "",
          "| side | window (share of the backward) | backward, ms | exposed reduction, ms | reduction alone, ms "

@@ -37,15 +37,11 @@ def run(cfg, ctx):
                     "windows": [x["spread_ms"] for x in got[name]]} for name in SIDES}
     ratios = [c["spread_ms"] / e["spread_ms"] for c, e in zip(got["--compile, regions"], got["eager"])]
     return {"value": sides["--compile, regions"]["window_ms"] / sides["eager"]["window_ms"],
-            "repeats": ratios, "sides": sides,
-            "setup": {"model": {k: cfg[k] for k in ("arch", "train_size", "train_batch", "train_epochs")},
-                      "commands": {name: got[name][-1]["command"] for name in SIDES}}}
+            "repeats": ratios, "sides": sides, "setup": overlap.setup(cfg, got)}
 
 
 def markdown(fig):
-    st = fig["setup"]["model"]
-    L = [f"{st['arch']}, batch {st['train_batch']}, {st['train_size']} images, {st['train_epochs']} epochs at "
-         "np=2 (one thread a rank). The window runs from the first gradient ready to the last: the part of "
+    L = [overlap.model_line(fig) + ". The window runs from the first gradient ready to the last: the part of "
          "the backward beside which an allreduce can run at all.", "",
          "| side | window, ms | backward, ms | share of the backward |", "|---|---|---|---|"]
     for name, s in fig["sides"].items():
