@@ -77,7 +77,8 @@ def test_the_allreduce_probe_measures_the_shaped_rate(tmp_path):
         c.up(2, "--rate", f"{RATE_MBIT}mbit")
         out = tmp_path / "probe.json"
         cmd = c.on(1, ["mpirun", "-np", 2, "--hostfile", c.vars["CLUSTER_HOSTFILE"], *c.vars["CLUSTER_MPIRUN_ARGS"],
-                       PY, "-m", "tools.allreduce", "--arch", "lenet", "--batch-size", 32, "--json", out])
+                       PY, "-m", "tools.allreduce", "--arch", "lenet", "--batch-size", 32, "--steps", 10,
+                       "--json", out])
         t0 = time.monotonic()
         r = assert_ok(run(cmd, env_extra=dict(c.env, OMP_NUM_THREADS="1"), timeout=300))
         said = json.loads(out.read_text())
@@ -88,6 +89,9 @@ def test_the_allreduce_probe_measures_the_shaped_rate(tmp_path):
                                                       "--compile (hooks after the whole backward)"}
         assert all(0 < e <= 1 for e in said["predicted_efficiency"].values())
         assert "allreduce (cpu, 2 processes on 2 host(s)): bandwidth " in r.stdout, r.stdout
+        # Two hosts make one ring size: no spread, and the probe says what it would need.
+        assert [ring["n"] for ring in said["rings"]] == [2] and said["spread"] is None and said["hosts"] == 2
+        assert "not measured (needs rings of two sizes" in r.stdout
         print(f"probe: {said['bandwidth_bps'] / 1e6:.1f} Mbit/s in {time.monotonic() - t0:.0f} s")
     finally:
         c.down()

@@ -19,6 +19,8 @@ fraction of N times one process's images/s.
 import argparse
 import json
 import math
+import os
+import socket
 import statistics
 import sys
 import time
@@ -27,6 +29,7 @@ import torch
 
 import models
 from tools import layer_profile, scaling_model
+from training.ports import hvd_port
 
 
 def sizes(total_bytes, smallest=4096, steps=10):
@@ -35,15 +38,17 @@ def sizes(total_bytes, smallest=4096, steps=10):
     return sorted({int(smallest * ratio ** i) // 4 * 4 for i in range(steps)} | {total_bytes // 4 * 4})
 
 
-def time_allreduce(hvd, nbytes, device, repeats):
-    """The fastest of `repeats` allreduces of nbytes of float32, in seconds: the network's time
-    (other work on a shared host only ever adds to it, and a median still carries that)."""
+def time_allreduce(hvd, nbytes, device, repeats, process_set=None):
+    """The fastest of `repeats` allreduces of nbytes of float32, in seconds, among the ranks of
+    `process_set` (default: all): the network's time (other work on a shared host only ever adds
+    to it, and a median still carries that). Called by the set's ranks alone."""
+    ps = process_set or hvd.global_process_set
     t = torch.ones(nbytes // 4, device=device)
     times = []
     for i in range(repeats + 1):  # the first one is a warm-up (buffers, connections)
-        hvd.barrier()
+        hvd.barrier(process_set=ps)
         t0 = time.perf_counter()
-        handle = hvd.allreduce_async(t, op=hvd.Sum, name=f"probe.{nbytes}")
+        handle = hvd.allreduce_async(t, op=hvd.Sum, name=f"probe.{ps.size()}.{nbytes}", process_set=ps)
         # Not hvd.allreduce: its wait spins on the CPU, and where a host has fewer cores than
         # busy threads it takes the time Horovod's own thread needs to move the bytes.
         while not hvd.poll(handle):
@@ -54,7 +59,113 @@ def time_allreduce(hvd, nbytes, device, repeats):
         if i:
             times.append(time.perf_counter() - t0)
     # The slowest rank's time is the collective's.
-    return max(hvd.allgather_object(min(times)))
+    slowest = hvd.allreduce(torch.tensor([min(times)]), op=hvd.Max, name=f"probe.{ps.size()}.{nbytes}.max",
+                            process_set=ps)
+    return float(slowest)
+
+
+def ring_units(hosts):
+    """The units whose rings the spread is measured over, each a list of ranks: the hosts, where
+    the job spans several (a node's link is what its ring crosses), else the processes."""
+    order = list(dict.fromkeys(hosts))
+    if len(order) > 1:
+        return [[r for r, h in enumerate(hosts) if h == host] for host in order]
+    return [[r] for r in range(len(hosts))]
+
+
+def smaller_rings(hvd, hosts):
+    """[(processes, process set)] of the rings of the first 2, 4, 8, ... units, smaller than the
+    whole job's; made on every rank alike (adding a process set is a collective)."""
+    units, out, k = ring_units(hosts), [], 2
+    while k < len(units):
+        out.append(hvd.add_process_set(sorted(r for u in units[:k] for r in u)))
+        k *= 2
+    return out
+
+
+def fit_spread(rings):
+    """The ring's stretch per doubling of N (scaling_model's spread), from [(n, bandwidth bps)] at
+    two or more sizes of N: the wire time at N is stretched by 1 + spread x log2(N / 2), so the
+    bandwidth seen at N is the bandwidth at 2 over that. The median of the smallest ring against
+    each larger one; None with one size. A negative fit (noise on a flat ring) is 0."""
+    rings = sorted(rings)
+    if len(rings) < 2:
+        return None
+    (n0, b0), fits = rings[0], []
+    for n, b in rings[1:]:
+        r, a, c = b0 / b, math.log2(n0 / 2), math.log2(n / 2)
+        fits.append((r - 1) / (c - r * a))
+    return max(0.0, statistics.median(fits))
+
+
+def step_times(model, x, y, device, steps):
+    """Seconds of each of `steps` plain training steps (forward, backward, fused SGD step), after
+    two warm-up steps: the distribution whose slowest of N a synchronous step waits for."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.0, momentum=0.9, fused=True)
+    out = []
+    for i in range(steps + 2):
+        _sync(device)
+        t0 = time.perf_counter()
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        _sync(device)
+        if i >= 2:
+            out.append(time.perf_counter() - t0)
+    return out
+
+
+def compute_beside(hvd, model, x, y, device, nbytes, steps):
+    """(forward and backward alone, the same while an allreduce of nbytes runs beside it on every
+    rank), medians in seconds: what a collective's kernels or threads take from compute."""
+    big = torch.ones(nbytes // 4, device=device)
+    alone, beside = [], []
+    for i in range(2 * steps + 2):
+        hvd.barrier()
+        handle = hvd.allreduce_async(big, op=hvd.Sum, name=f"probe.beside.{i}") if i % 2 else None
+        t0 = time.perf_counter()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        _sync(device)
+        took = time.perf_counter() - t0
+        if handle is not None:
+            hvd.synchronize(handle)
+        if i >= 2:
+            (beside if handle is not None else alone).append(took)
+    return statistics.median(alone), statistics.median(beside)
+
+
+def per_request(hvd, tensors, device, repeats, requests=200):
+    """Horovod's host cost of one more allreduce request (its compression call, request, handle
+    and wait), in seconds: at least `requests` gradient tensors of the model (its list, repeated)
+    as one request each, against one request of all their bytes, on rank 0 in a process set of
+    its own (no wire); the fastest of `repeats` each, over the extra requests. Every rank calls
+    it; the others wait."""
+    solo = hvd.global_process_set if hvd.size() == 1 else hvd.add_process_set([0])
+    sizes_ = (tensors * math.ceil(requests / len(tensors)))[:max(requests, len(tensors))]
+    each = [torch.ones(max(1, b // 4), device=device) for b in sizes_]
+    flat = torch.ones(sum(len(e) for e in each), device=device)
+    cost = None
+    if hvd.rank() == 0:
+        def fastest(parts, tag):
+            times = []
+            for i in range(repeats + 1):
+                t0 = time.perf_counter()
+                handles = [hvd.allreduce_async(p, name=f"probe.req.{tag}.{j}", process_set=solo)
+                           for j, p in enumerate(parts)]
+                for h in handles:
+                    hvd.synchronize(h)
+                _sync(device)
+                if i:
+                    times.append(time.perf_counter() - t0)
+            return min(times)
+        cost = max(0.0, (fastest(each, "each") - fastest([flat], "flat")) / (len(each) - 1))
+    hvd.barrier()
+    return cost
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def fit_line(n, points):
@@ -84,34 +195,55 @@ def main(argv=None):
     p.add_argument("--arch", default="resnet18", help="a model of models.MODELS (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=128, help="per process (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=5, help="allreduces timed per size (default: %(default)s)")
-    p.add_argument("--json", metavar="FILE", help="also write the figures to FILE (rank 0)")
+    p.add_argument("--steps", type=int, default=30,
+                   help="training steps timed for their spread, and beside an allreduce (default: %(default)s)")
+    p.add_argument("--json", metavar="FILE", help="also write the figures to FILE (rank 0), for "
+                   "python -m tools.predict --from FILE")
     args = p.parse_args(argv)
     if args.arch not in models.MODELS:
         p.error(f"unknown --arch {args.arch}; one of {', '.join(sorted(models.MODELS))}")
     import horovod.torch as hvd
-    hvd.init()
+    hvd_port.apply()  # the trainer's settings on CUDA (its cycle among them)
+    hvd.init(process_sets="dynamic")  # the smaller rings and rank 0's own set are added below
     device = torch.device("cuda", hvd.local_rank()) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     n = hvd.size()
-    model = models.get_model(args.arch, num_classes=10)
+    hosts = hvd.allgather_object(socket.gethostname())
+    model = models.get_model(args.arch, num_classes=10).to(device)
     tensors = [q.numel() * 4 for q in model.parameters() if q.requires_grad]
     total = sum(tensors)
     measured = [(b, time_allreduce(hvd, b, device, args.repeats)) for b in sizes(total)]
-    if n > 1:
-        latency, bandwidth = fit_line(n, measured)
-    else:
-        latency, bandwidth = 0.0, math.inf
+    latency, bandwidth = fit_line(n, measured) if n > 1 else (0.0, math.inf)
+    rings = [{"n": n, "bandwidth_bps": bandwidth, "latency_s": latency}] if n > 1 else []
+    for ps in smaller_rings(hvd, hosts):
+        if ps.included():
+            points = [(b, time_allreduce(hvd, b, device, args.repeats, ps)) for b in sizes(total, steps=4)]
+            lat, bw = fit_line(ps.size(), points)
+            if hvd.rank() == 0:
+                rings.append({"n": ps.size(), "bandwidth_bps": bw, "latency_s": lat})
+        hvd.barrier()
+    spread = fit_spread([(r["n"], r["bandwidth_bps"]) for r in rings])
+    x = torch.randn(args.batch_size, 3, 32, 32, device=device)
+    y = torch.randint(0, 10, (args.batch_size,), device=device)
+    steps = step_times(model, x, y, device, args.steps)
+    alone, beside = compute_beside(hvd, model, x, y, device, total, args.steps)
+    request_s = per_request(hvd, tensors, device, args.repeats)
     profile = layer_profile.measure(args.arch, args.batch_size, device=device)
     compute_s, backward_s = profile["step_s"], profile["backward_s"]
     if hvd.rank() != 0:
         return 0
-    where = f"{device.type}, {n} processes on {hvd.cross_size()} host(s)"
+    where = f"{device.type}, {n} processes on {len(set(hosts))} host(s)"
     print(f"allreduce ({where}): bandwidth {bandwidth / 1e6:.1f} Mbit/s, latency {latency * 1e3:.2f} ms "
           f"per message (fitted over {len(measured)} sizes, {measured[0][0] / 1e3:.0f} KB to "
           f"{measured[-1][0] / 1e6:.1f} MB)")
+    print("the ring's stretch per doubling of N: " + (f"{spread:.3f} (rings of " + ", ".join(
+        f"{r['n']}" for r in sorted(rings, key=lambda r: r["n"])) + " processes)" if spread is not None else
+        "not measured (needs rings of two sizes: 4 or more hosts, or 4 or more processes on one host)"))
     print(f"{args.arch}: {len(tensors)} gradient tensors, {total / 1e6:.1f} MB in fp32; a step of batch "
-          f"{args.batch_size} computes in {compute_s * 1e3:.0f} ms here (backward {backward_s * 1e3:.0f} ms)")
+          f"{args.batch_size} computes in {compute_s * 1e3:.0f} ms here (backward {backward_s * 1e3:.0f} ms); "
+          f"{args.steps} steps: median {statistics.median(steps) * 1e3:.1f} ms, slowest {max(steps) * 1e3:.1f} ms; "
+          f"beside an allreduce x{beside / alone:.2f}; {request_s * 1e6:.0f} us of host time a request")
     print(f"predicted efficiency at np={n} (scaling model, Horovod; 1.0 = N times one process's images/s):")
     # The fitted bandwidth is what a collective achieves: efficiency 1 on top of it.
     params = (1.0, latency)
@@ -124,9 +256,12 @@ def main(argv=None):
         print(f"  {name:<44} {predicted[name]:6.1%}   (allreduce not hidden: {exposed * 1e3:.0f} ms a step)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"n": n, "device": device.type, "bandwidth_bps": bandwidth, "latency_s": latency,
-                       "measured": measured, "arch": args.arch, "tensors": len(tensors), "bytes": total,
-                       "compute_s": compute_s, "backward_s": backward_s, "profile": profile,
+            json.dump({"n": n, "device": device.type, "hosts": len(set(hosts)), "bandwidth_bps": bandwidth,
+                       "latency_s": latency, "measured": measured, "rings": rings, "spread": spread,
+                       "arch": args.arch, "batch": args.batch_size, "tensors": len(tensors), "tensor_bytes": tensors,
+                       "bytes": total, "compute_s": compute_s, "backward_s": backward_s, "profile": profile,
+                       "step_times_s": steps, "backward_alone_s": alone, "backward_beside_allreduce_s": beside,
+                       "request_s": request_s, "cycle_s": float(os.environ.get("HOROVOD_CYCLE_TIME", 1)) / 1e3,
                        "predicted_efficiency": predicted}, f, indent=1)
     return 0
 

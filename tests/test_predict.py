@@ -1,0 +1,128 @@
+"""tools/predict.py and what it reads of the probe (tools/allreduce.py): each term of a predicted
+step on its own, in process, on a probe written here; the probe under mpirun at np=4 on this
+host (rings of 2 and 4 processes, so a spread), its file read by `python -m tools.predict`; and
+the one-line refusals."""
+import json
+import math
+
+import pytest
+
+from helpers import ONE_THREAD, PY, assert_ok, run
+from tools import allreduce, layer_profile, predict, scaling_model
+
+
+@pytest.fixture(scope="module")
+def probe():
+    """A probe's figures as tools.allreduce writes them, for LeNet at batch 8 on this CPU: a
+    100 Mbit/s link fitted at 4 processes on 2 hosts, spread 0.05, steps of 10 to 13 ms."""
+    profile = layer_profile.measure("lenet", 8, steps=2)
+    return {"n": 4, "hosts": 2, "device": "cpu", "bandwidth_bps": 1e8, "latency_s": 1e-4, "spread": 0.05,
+            "tensor_bytes": [b for layer in profile["layers"] for b in layer["bytes"]], "profile": profile,
+            "step_times_s": [0.010, 0.010, 0.011, 0.012, 0.013], "backward_alone_s": 0.004,
+            "backward_beside_allreduce_s": 0.006, "request_s": 20e-6, "cycle_s": 1e-3}
+
+
+def rows(probe, **kw):
+    point, params, times, notes = predict.job_point(probe, kw.pop("nodes", 4), kw.pop("gpus", 2), **kw)
+    return dict((name, s) for name, s, _ in predict.terms(point, params, probe, times, kw.get("path", "hooks"))), \
+        point, params
+
+
+def test_the_wire_cycle_and_spread_terms_add_up_to_the_models_step(probe):
+    got, point, params = rows(probe, step_s=0.01)
+    assert got["compute"] == pytest.approx(0.01)
+    model = scaling_model.step_s(point, params)
+    assert got["compute"] + got["allreduce not hidden"] + got["Horovod's cycle"] + got["ring's growth with N"] \
+        == pytest.approx(model)
+    assert got["Horovod's cycle"] > 0 and got["ring's growth with N"] > 0
+    # The probe's bandwidth at its own 4 processes holds their stretch: the model's ring of 2 is faster.
+    assert point["rate_bps"] == pytest.approx(1e8 * (1 + 0.05 * math.log2(4 / 2)))
+    ddp, _, _ = rows(probe, step_s=0.01, port="ddp")
+    assert "Horovod's cycle" not in ddp and ddp["host work per request"] == 0
+
+
+def test_the_spread_term_grows_with_n_and_is_nothing_without_a_spread(probe):
+    grow = [rows(probe, nodes=nodes, step_s=0.001)[0]["ring's growth with N"] for nodes in (2, 8, 32)]
+    assert grow[0] < grow[1] < grow[2]
+    flat, _, _ = rows(dict(probe, spread=None), nodes=32, step_s=0.001)
+    assert flat["ring's growth with N"] == 0
+
+
+def test_host_work_is_a_request_per_tensor_on_the_hooks_and_one_on_the_path_one(probe):
+    tensors = len(probe["tensor_bytes"])
+    assert rows(probe)[0]["host work per request"] == pytest.approx(tensors * 20e-6)
+    one, _, _ = rows(probe, compiled=True, path="one")
+    assert one["host work per request"] == pytest.approx(20e-6)
+
+
+def test_the_slowest_of_n_is_the_expected_largest_draw_less_the_median(probe):
+    assert predict.expected_slowest([1, 2, 3, 4], 1) == pytest.approx(2.5)  # one draw: the mean
+    assert predict.expected_slowest([1, 2, 3, 4], 2) == pytest.approx((1 * 1 + 2 * 3 + 3 * 5 + 4 * 7) / 16)
+    assert predict.expected_slowest([1, 2, 3, 4], 200) == pytest.approx(4)
+    got, point, _ = rows(probe, nodes=8, gpus=1)  # the probe's own steps: median 11 ms
+    assert got["wait for the slowest of N"] == pytest.approx(predict.expected_slowest(probe["step_times_s"], 8) - 0.011)
+    even, _, _ = rows(dict(probe, step_times_s=[0.01] * 5), nodes=8)
+    assert even["wait for the slowest of N"] == pytest.approx(0, abs=1e-12)
+
+
+def test_compute_slowed_beside_the_allreduce_is_the_overlapped_backward_times_the_slowdown(probe):
+    got, point, params = rows(probe, step_s=0.01, nodes=2, gpus=1)
+    total = scaling_model.message_s(2, sum(point["tensors"]), point["rate_bps"], params)
+    hidden = min(point["backward_s"], total - (scaling_model.step_s(point, params) - 0.01))
+    assert hidden > 0 and got["compute slowed beside the allreduce"] == pytest.approx(0.5 * hidden)
+    alike, _, _ = rows(dict(probe, backward_beside_allreduce_s=0.004), step_s=0.01, nodes=2, gpus=1)
+    assert alike["compute slowed beside the allreduce"] == 0
+
+
+def test_the_spread_fit_recovers_a_known_stretch():
+    rings = [(n, 1e9 / (1 + 0.04 * math.log2(n / 2))) for n in (2, 4, 8, 16)]
+    assert allreduce.fit_spread(rings) == pytest.approx(0.04)
+    assert allreduce.fit_spread(rings[1:]) == pytest.approx(0.04)  # from 4 up
+    assert allreduce.fit_spread(rings[:1]) is None
+    assert allreduce.ring_units(["a", "a", "b", "b"]) == [[0, 1], [2, 3]]
+    assert allreduce.ring_units(["a"] * 3) == [[0], [1], [2]]
+
+
+def test_the_probe_at_np4_feeds_the_prediction(tmp_path):
+    # mpirun -np 4 on this host: the probe measures rings of 2 and 4 processes, so it fits a
+    # spread, times its steps and a request, and tools.predict reads all of it.
+    out = tmp_path / "probe.json"
+    cmd = ["mpirun", "-np", "4", "--oversubscribe", "--bind-to", "none", "-x", "PATH", "-x", "OMP_NUM_THREADS",
+           PY, "-m", "tools.allreduce", "--arch", "lenet", "--batch-size", "8", "--steps", "6", "--repeats", "2",
+           "--json", str(out)]
+    r = assert_ok(run(cmd, timeout=300, env_extra=ONE_THREAD))
+    said = json.loads(out.read_text())
+    assert sorted(ring["n"] for ring in said["rings"]) == [2, 4] and said["spread"] is not None, r.stdout
+    assert len(said["step_times_s"]) == 6 and said["request_s"] >= 0 and said["backward_alone_s"] > 0
+    assert "the ring's stretch per doubling of N: " in r.stdout and "(rings of 2, 4 processes)" in r.stdout
+    p = assert_ok(run([PY, "-m", "tools.predict", "--from", str(out), "--nodes", "2", "--gpus-per-node", "4"]))
+    lines = p.stdout.splitlines()
+    names = ["compute", "allreduce not hidden", "Horovod's cycle", "ring's growth with N", "host work per request",
+             "wait for the slowest of N", "compute slowed beside the allreduce", "step"]
+    assert [ln.split("  ")[1].strip() for ln in lines[1:9]] == names, p.stdout
+    assert "from " + str(out) in lines[0] and "note: the probe ran on one host" in p.stdout
+
+
+def test_without_a_probe_the_emulators_constants_stand_in_and_say_so():
+    p = assert_ok(run([PY, "-m", "tools.predict", "--nodes", "4", "--gpus-per-node", "8", "--link-gbps", "100",
+                       "--step-ms", "6.39", "--arch", "lenet", "--batch", "8"]))
+    assert "note: no probe: the link's efficiency, latency and spread are the scaling model's fit" in p.stdout
+    assert "not measured (no probe)" in p.stdout
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--from", "/nonexistent/probe.json", "--nodes", "2"], "cannot read the probe /nonexistent/probe.json"),
+    (["--nodes", "2"], "without --from PROBE.json, give --link-gbps and --step-ms"),
+    (["--nodes", "0", "--link-gbps", "1", "--step-ms", "1"], "must be positive"),
+])
+def test_bad_input_is_one_line(argv, needle):
+    r = run([PY, "-m", "tools.predict", *argv])
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr
+
+
+def test_a_probe_file_of_another_shape_is_one_line(tmp_path):
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"n": 2, "bandwidth_bps": 1e9}))
+    r = run([PY, "-m", "tools.predict", "--from", str(old), "--nodes", "2"])
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "lacks hosts, device, latency_s, tensor_bytes, profile, step_times_s" in r.stderr
