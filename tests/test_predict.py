@@ -74,6 +74,17 @@ def test_compute_slowed_beside_the_allreduce_is_the_overlapped_backward_times_th
     assert alike["compute slowed beside the allreduce"] == 0
 
 
+def test_hierarchical_is_a_ring_of_nodes_between_two_steps_inside_them():
+    params = (0.9, 1e-5, 0.1)
+    flat = scaling_model.message_s(8, 1e8, 1e10, params)
+    assert scaling_model.message_s(8, 1e8, 1e10, params, nodes=8, intra_bps=1e12) == pytest.approx(flat)
+    across = scaling_model.message_s(4, 1e8, 1e10, params)  # its stretch is a ring of 4's
+    inside = 2 * 7 / 8 * 1e8 * 8 / (1e12 * 0.9)
+    assert scaling_model.message_s(32, 1e8, 1e10, params, nodes=4, intra_bps=1e12) == pytest.approx(across + inside)
+    assert scaling_model.message_s(32, 1e8, 1e10, params, nodes=4, intra_bps=1e12) < \
+        scaling_model.message_s(32, 1e8, 1e10, params)
+
+
 def test_the_spread_fit_recovers_a_known_stretch():
     rings = [(n, 1e9 / (1 + 0.04 * math.log2(n / 2))) for n in (2, 4, 8, 16)]
     assert allreduce.fit_spread(rings) == pytest.approx(0.04)

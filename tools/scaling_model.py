@@ -41,6 +41,9 @@ has ended, so the backward pass hides what it can of them. Assumptions, each a s
   already holds it). On the emulated cluster a lone allreduce of ResNet-18's gradients
   (44.7 MB, 25 Gbit/s) took 2.8% and 5.4% longer than the ring's 2 (N - 1) / N at 4 and 8
   hosts, scaled from 2.
+- **Hierarchical allreduce** (`nodes`, `intra_bps`: HOROVOD_HIERARCHICAL_ALLREDUCE) is a ring of
+  nodes between two steps inside each node (message_s). It is modelled, not checked: the
+  emulator's gloo has no hierarchical path. NCCL's tree algorithm is not modelled.
 
 `fit` chooses (efficiency, latency, spread) to minimise the largest relative error of the
 step time over the points given; `step_s` applies them. Two parameters, (efficiency,
@@ -77,12 +80,24 @@ def ready_times(point):
     return [(point["backward_s"] * (i + 1) / len(tensors), b) for i, b in enumerate(tensors)]
 
 
-def message_s(n, nbytes, rate_bps, params, fp16=False):
-    """Seconds of one allreduce message of nbytes (fp32) over n processes."""
+def message_s(n, nbytes, rate_bps, params, fp16=False, nodes=None, intra_bps=None):
+    """Seconds of one allreduce message of nbytes (fp32) over n processes: a flat ring, or with
+    `nodes` (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE, n / nodes processes a node) a reduce-scatter
+    inside each node over its internal links (intra_bps, at the fitted efficiency), a ring across
+    the nodes in which each of a node's processes sends its share, and an allgather inside the
+    node. The node's link carries 2 (nodes - 1) / nodes of the bytes, about what a flat ring's
+    2 (n - 1) / n makes it carry; what the hierarchy saves is the ring's length, so its stretch
+    grows with log2(nodes), not log2(n), and it costs the two steps inside the node."""
     efficiency, latency = params[:2]
     spread = params[2] if len(params) > 2 else 0.0
-    wire = 2 * (n - 1) / n * nbytes * (0.5 if fp16 else 1.0) * 8 / (rate_bps * efficiency)
-    return latency + wire * (1 + spread * math.log2(max(n, 2) / 2))
+    nbytes = nbytes * (0.5 if fp16 else 1.0)
+    ring = n if nodes is None else nodes
+    wire = 2 * (ring - 1) / ring * nbytes * 8 / (rate_bps * efficiency) if ring > 1 else 0.0
+    inside = 0.0
+    if nodes is not None and n > nodes:
+        per_node = n / nodes
+        inside = 2 * (per_node - 1) / per_node * nbytes * 8 / (intra_bps * efficiency)
+    return latency + wire * (1 + spread * math.log2(max(ring, 2) / 2)) + inside
 
 
 def ddp_buckets(sizes):
@@ -156,14 +171,16 @@ def horovod_step_s(point, ready, send, phase):
 def step_s(point, params):
     """The model's step time for a point: a dict with n, tensors (fp32 bytes of each gradient,
     in the model's parameter order), rate_bps, compute_s and backward_s (one batch, measured);
-    optional: ready, k, fp16, fusion, compiled, port, cycle_s."""
+    optional: ready, k, fp16, fusion, compiled, port, cycle_s, and nodes with intra_bps for
+    Horovod's hierarchical allreduce (message_s)."""
     k_compute = point.get("k", 1) * point["compute_s"]
     if point["n"] < 2:
         return k_compute
     ready = ready_times(point)
 
     def send(nbytes):
-        return message_s(point["n"], nbytes, point["rate_bps"], params, point.get("fp16", False))
+        return message_s(point["n"], nbytes, point["rate_bps"], params, point.get("fp16", False),
+                         point.get("nodes"), point.get("intra_bps"))
     if point.get("port", "horovod") == "ddp":
         return k_compute + max(0.0, ddp_end(ready, send) - point["backward_s"])
     cycle = point.get("cycle_s", CYCLE_S)
