@@ -67,3 +67,40 @@ def test_target_accuracy_line_and_stop():
     args = parse("--target-acc", 0.5)
     assert utils.target_reached(args, history[:2]) and not utils.target_reached(args, history[:1])
     assert not utils.target_reached(parse(), history)
+
+
+def hparams_sessions(folder):
+    """[(settings, {metric: value})] of the HPARAMS sessions in TensorBoard's event files under
+    `folder`, read with TensorBoard's own reader and protos."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.plugins.hparams import plugin_data_pb2
+    sessions, scalars = [], {}
+    for name in sorted(os.listdir(folder)):
+        for event in EventFileLoader(os.path.join(folder, name)).Load():
+            for v in event.summary.value:
+                if v.metadata.plugin_data.plugin_name == "hparams":
+                    data = plugin_data_pb2.HParamsPluginData.FromString(v.metadata.plugin_data.content)
+                    if data.HasField("session_start_info"):
+                        hp = data.session_start_info.hparams
+                        sessions.append({k: hp[k].WhichOneof("kind") and getattr(hp[k], hp[k].WhichOneof("kind"))
+                                         for k in hp})
+                elif v.tag.startswith("hparam/"):
+                    scalars[v.tag] = v.tensor.float_val[0] if v.HasField("tensor") else v.simple_value
+    return [(s, scalars) for s in sessions]
+
+
+def test_hparams_hold_the_flags_and_the_final_figures_once_per_run(tmp_path):
+    args = parse("--checkpoint-dir", tmp_path, "--epochs", 3, "--lr", "0.05")
+    log = runlog.RunLog(args, True, 2, [])
+    log.add(0, *ROW, 2.0)
+    log.write()
+    log.close()
+    resumed = runlog.RunLog(args, True, 2, log.history, first_epoch=1)  # the same run, continued
+    resumed.add(1, ROW[0], {"loss": 1.0, "acc": 0.75, "images": 20}, 2.0)
+    resumed.write()
+    resumed.close()
+    [(settings, figures)] = hparams_sessions(tmp_path / "tb" / "hparams")  # one session: the last
+    assert settings["lr"] == 0.05 and settings["world_size"] == 2 and settings["arch"] == args.arch
+    assert settings["target_acc"] == "None"  # what is not a number, text or bool, as text
+    assert figures == {"hparam/final_test_acc": 0.75, "hparam/best_test_acc": 0.75, "hparam/epochs": 2,
+                       "hparam/train_time_s": 4.0}

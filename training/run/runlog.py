@@ -1,4 +1,5 @@
-"""What a run reports: progress, epoch lines, metrics.csv, TensorBoard and curves.png.
+"""What a run reports: progress, epoch lines, metrics.csv, TensorBoard (its scalars, and its
+HPARAMS tab's settings and final figures) and curves.png.
 Checkpoints are saved by checkpoints.py, and the step's phases timed by phases.py, not here.
 
 Every reporter here takes `reports` (rank 0 is a value): the other ranks build
@@ -111,9 +112,37 @@ class RunLog:
         self._tb = None
         if final and self.history:
             plot_curves(self.history, os.path.join(self.dir, "curves.png"))
+            write_hparams(self.args, self.history, self.world_size,
+                          os.path.join(self.dir, "tb", "hparams"))
         target = self.args.target_acc
         if final and target is not None:
             print(target_line(self.history, target), flush=True)
+
+
+def hparams_of(args, world_size):
+    """The run's settings as TensorBoard's HPARAMS tab shows them: every flag (a value that is not
+    a number, text or bool, None among them, as text) and the world size."""
+    out = {k: v if isinstance(v, (bool, int, float, str)) else str(v)
+           for k, v in sorted(vars(args).items())}
+    out["world_size"] = world_size
+    return out
+
+
+def write_hparams(args, history, world_size, folder):
+    """`folder` (the run's tb/hparams): its settings and final figures as one session of
+    TensorBoard's HPARAMS tab, so that `tensorboard --logdir` over a sweep's or a search's folder
+    compares its runs and trials. Written at each end of the run, the folder emptied first: a
+    resumed run, or a trial trained an epoch at a time, is one session with its last figures."""
+    from torch.utils.tensorboard import SummaryWriter  # lazy: heavy import
+    if os.path.isdir(folder):
+        for name in os.listdir(folder):
+            os.remove(os.path.join(folder, name))
+    last = history[-1]
+    metrics = {"hparam/final_test_acc": last["test_acc"],
+               "hparam/best_test_acc": max(r["test_acc"] for r in history),
+               "hparam/epochs": last["epoch"], "hparam/train_time_s": last["train_time_s"]}
+    with SummaryWriter(folder) as w:
+        w.add_hparams(hparams_of(args, world_size), metrics, run_name=".")
 
 
 def with_train_time(history):
