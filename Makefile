@@ -17,9 +17,9 @@ demo: setup
 	@echo "demo outputs: $(DEMO_DIR)/{ckpt.pth,best.pth,metrics.csv,curves.png,tb/}"
 
 # Two workers (tests/conftest.py says which tests share one), then the tests that time
-# something, alone; it fails if either fails.
+# something, alone; it fails if either fails. The slowest tests are listed at the end.
 test: setup
-	$(PY) -m pytest -q -n 2 -m "not alone" tests; s=$$?; \
+	$(PY) -m pytest -q -n 2 --durations=15 -m "not alone" tests; s=$$?; \
 	$(PY) -m pytest -q -m alone tests && exit $$s
 
 # ruff (pyproject.toml): line length, import order, unused names.
