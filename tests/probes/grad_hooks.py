@@ -15,10 +15,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import horovod.torch as hvd  # noqa: E402
 import torch  # noqa: E402
 
-from training import (
-    cli,  # noqa: E402
-    layout,  # noqa: E402
-)
+from training.base import layout  # noqa: E402
+from training.run import cli  # noqa: E402
 import utils  # noqa: E402
 
 hvd.init()
