@@ -13,7 +13,7 @@ gradient to another of the equal inputs, a gradient as valid as eager's.
 Under DDP the wrapper is compiled, not the model (utils.training_model): at np=2 with
 --batches-per-allreduce 2 and an epoch whose last step is smaller (its second pass eager, through
 the same wrapper), its weights equal, bit for bit, those of the Horovod port compiled alike, on
-each of the port's paths (--grad-allreduce hooks, one, regions: training/ports/hvd_port.py).
+the two paths --compile picks (--grad-allreduce one and regions: training/ports/hvd_port.py).
 """
 import torch
 
@@ -46,15 +46,16 @@ def test_compiled_step_with_hooks_and_accumulation_equals_eager(data_dir, tmp_pa
     assert not torch.equal(init.state_dict()["conv1.weight"], runs["eager"]["conv1.weight"])
 
 
-def test_ddp_compiles_its_wrapper_and_equals_horovod_compiled_on_each_path(data_dir, tmp_path):
+def test_ddp_compiles_its_wrapper_and_equals_horovod_compiled_on_the_paths_compile_picks(data_dir, tmp_path):
     # 250 images a rank in steps of 2 x 32: three whole steps, then 32 + 26
     args = ["--batches-per-allreduce", 2, "--warmup-epochs", 0, "--compile"]
     ddp = assert_ok(run_ddp(2, common_args(data_dir, tmp_path / "ddp", *args, epochs=1), timeout=400))
     assert read_metrics(tmp_path / "ddp")[0]["world_size"] == "2", ddp.stdout
     want = load_ckpt(tmp_path / "ddp" / "ckpt.pth")["model"]
-    # Horovod's every path under --compile: per-tensor hooks after the compiled backward, one
-    # allreduce of all gradients (auto's pick on one host), the model compiled block by block
-    for path in ("hooks", "one", "regions"):
+    # Horovod's paths that --compile picks: one allreduce of all gradients (auto's pick on one
+    # host) and the model compiled block by block (across hosts). The per-tensor hooks after the
+    # compiled backward are the test above's, against eager.
+    for path in ("one", "regions"):
         folder = tmp_path / path
         assert_ok(run_horovod(2, common_args(data_dir, folder, *args, "--grad-allreduce", path, epochs=1),
                               timeout=400))
