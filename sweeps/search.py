@@ -35,6 +35,7 @@ from training.base.errors import TrainerError, UsageError
 from training.run import cli, launch
 
 STUDY = "study.journal"  # in CHECKPOINT_DIR: the study, Optuna's journal
+COPY = ".bak"  # STUDY + COPY: the study as it was when the job that holds it started
 STUDY_NAME = "search"
 HOLDER = ".study.lock"  # in CHECKPOINT_DIR: held by the job that runs the study
 TAKE_LOCK = ".search-take.lock"  # in CHECKPOINT_DIR: a trial is taken under it
@@ -162,9 +163,10 @@ def quiet_optuna():
 
 
 def open_study(args):
-    """World rank 0, before any work: refuse a study file of another search space (nothing
-    written), hold the study for this job, create the study or load it, and list the trials an
-    earlier job left running. Returns the number of trials the study held."""
+    """World rank 0, before any work: refuse a study file that cannot be read or is of another
+    search space (nothing written), hold the study for this job, keep a copy of the study file as
+    it is (study.journal.bak), create the study or load it, and list the trials an earlier job
+    left running. Returns the number of trials the study held."""
     import optuna
     quiet_optuna()
     path = os.path.join(args.checkpoint_dir, STUDY)
@@ -175,8 +177,10 @@ def open_study(args):
             saved = (optuna.load_study(study_name=STUDY_NAME, storage=journal(args)).user_attrs
                      if STUDY_NAME in names else None)
         except Exception as e:  # Optuna's own errors, which name the line it could not read
-            raise TrainerError(f"cannot read the study {path} ({e}); restore it from a copy, or "
-                               "choose another --checkpoint-dir") from e
+            copy = (f"restore it from {path}{COPY} (the copy made when the last job started), or "
+                    if os.path.isfile(path + COPY) else "")
+            raise TrainerError(f"cannot read the study {path} ({e}); {copy}choose another "
+                               "--checkpoint-dir") from e
         if saved is None:
             raise UsageError(f"{path} holds no study named {STUDY_NAME!r} (it has {names}); "
                              "choose another --checkpoint-dir")
@@ -189,6 +193,10 @@ def open_study(args):
     if holder is not None:
         raise UsageError(f"the study {path} is in use by another job ({holder or 'starting'}); "
                          "wait for it to end, or choose another --checkpoint-dir")
+    if os.path.isfile(path):  # read whole above: kept aside before this job writes to it
+        with open(path, "rb") as f:
+            kept = f.read()
+        safeio.atomic_write(path + COPY, lambda f: f.write(kept))
     with launch.stops_held():
         study = optuna.create_study(study_name=STUDY_NAME, storage=journal(args),
                                     direction="maximize", load_if_exists=True)

@@ -136,7 +136,9 @@ def test_sigterm_mid_study_then_the_same_command_ends_with_its_trials_none_train
     before = {n: metrics_rows(ck / f"trial-{n}") for n in range(4)}
     left_running = [t.number for t in trials(ck) if t.state.name == "RUNNING"]
     assert left_running and any(before[n] for n in left_running), before
+    stopped = (ck / "study.journal").read_bytes()
     r = assert_ok(run(search_cmd(2, args), timeout=300, env_extra=ONE_THREAD))  # the same command
+    assert (ck / "study.journal.bak").read_bytes() == stopped  # kept aside as the job started
     got = trials(ck)
     assert [t.number for t in got] == [0, 1, 2, 3] and {t.state.name for t in got} == {"COMPLETE"}
     for n in left_running:
@@ -146,6 +148,14 @@ def test_sigterm_mid_study_then_the_same_command_ends_with_its_trials_none_train
         assert [int(x["epoch"]) for x in rows] == [1, 2, 3] and rows[:len(before[n])] == before[n], n
         trained = [ln for ln in r.stdout.splitlines() if re.match(rf"trial {n} epoch \d/3 ", ln)]
         assert len(trained) == EPOCHS - len(before[n]), (n, trained)
+    # A study file damaged since (its first line): the job stops in one line naming the copy, which
+    # it leaves as it is.
+    _, rest = (ck / "study.journal").read_bytes().split(b"\n", 1)
+    (ck / "study.journal").write_bytes(b"{not json\n" + rest)
+    said = bad(search_cmd(2, args), code=1)
+    assert f"cannot read the study {ck / 'study.journal'} (" in said and \
+        f"restore it from {ck / 'study.journal.bak'} (the copy made when the last job started)" in said, said
+    assert (ck / "study.journal.bak").read_bytes() == stopped
 
 
 def test_a_trial_whose_last_epoch_was_reported_but_not_told_ends_complete_without_training(data_dir, tmp_path):
