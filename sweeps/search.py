@@ -173,6 +173,7 @@ def open_study(args):
     record = space_record(args.search)
     if os.path.isfile(path):
         try:
+            check_journal(path)
             names = optuna.get_all_study_names(journal(args))
             saved = (optuna.load_study(study_name=STUDY_NAME, storage=journal(args)).user_attrs
                      if STUDY_NAME in names else None)
@@ -207,6 +208,21 @@ def open_study(args):
     safeio.atomic_write(os.path.join(args.checkpoint_dir, LEFT_RUNNING),
                         lambda f: f.write(json.dumps(running).encode()))
     return len(trials)
+
+
+def check_journal(path):
+    """Raise ValueError, naming the line, where the study file holds a line that is not JSON or
+    ends in a line cut short. Optuna reads past a bad last line, and then appends after it, which
+    makes the file unreadable to every later reader: so a job that finds one writes nothing."""
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    if lines[-1]:
+        raise ValueError(f"line {len(lines)} was cut short")
+    for i, line in enumerate(lines[:-1], 1):
+        try:
+            json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"line {i}: {e}") from None
 
 
 def sampler(args, group_index, held):

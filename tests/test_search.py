@@ -148,14 +148,17 @@ def test_sigterm_mid_study_then_the_same_command_ends_with_its_trials_none_train
         assert [int(x["epoch"]) for x in rows] == [1, 2, 3] and rows[:len(before[n])] == before[n], n
         trained = [ln for ln in r.stdout.splitlines() if re.match(rf"trial {n} epoch \d/3 ", ln)]
         assert len(trained) == EPOCHS - len(before[n]), (n, trained)
-    # A study file damaged since (its first line): the job stops in one line naming the copy, which
-    # it leaves as it is.
-    _, rest = (ck / "study.journal").read_bytes().split(b"\n", 1)
-    (ck / "study.journal").write_bytes(b"{not json\n" + rest)
-    said = bad(search_cmd(2, args), code=1)
-    assert f"cannot read the study {ck / 'study.journal'} (" in said and \
-        f"restore it from {ck / 'study.journal.bak'} (the copy made when the last job started)" in said, said
-    assert (ck / "study.journal.bak").read_bytes() == stopped
+    # A study file damaged since, by a line that is not JSON or by a write cut short at its end
+    # (which Optuna would read past, then append after): the job stops in one line naming the
+    # copy, and writes nothing.
+    whole = (ck / "study.journal").read_bytes()
+    last = whole.count(b"\n") + 1
+    for damaged, where in ((whole + b"{not json\n", f"line {last}: "), (whole + b'{"op_code": 4', "was cut short")):
+        (ck / "study.journal").write_bytes(damaged)
+        said = bad(search_cmd(2, args), code=1)
+        assert f"cannot read the study {ck / 'study.journal'} (" in said and where in said and \
+            f"restore it from {ck / 'study.journal.bak'} (the copy made when the last job started)" in said, said
+        assert (ck / "study.journal").read_bytes() == damaged and (ck / "study.journal.bak").read_bytes() == stopped
 
 
 def test_a_trial_whose_last_epoch_was_reported_but_not_told_ends_complete_without_training(data_dir, tmp_path):
