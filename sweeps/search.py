@@ -23,6 +23,7 @@ never trained again. A trial that fails (a divergence, which ends a run alone wi
 search goes on. One job at a time runs a study. World rank 0 sums the study up at the end
 (report.py).
 """
+import contextlib
 import json
 import os
 import shlex
@@ -36,6 +37,7 @@ from training.run import cli, launch
 
 STUDY = "study.journal"  # in CHECKPOINT_DIR: the study, Optuna's journal
 COPY = ".bak"  # STUDY + COPY: the study as it was when the job that holds it started
+JOURNAL_LOCK = ".lock"  # STUDY + JOURNAL_LOCK: Optuna's lock file for an append
 STUDY_NAME = "search"
 HOLDER = ".study.lock"  # in CHECKPOINT_DIR: held by the job that runs the study
 TAKE_LOCK = ".search-take.lock"  # in CHECKPOINT_DIR: a trial is taken under it
@@ -146,11 +148,15 @@ def retrain_command(args, argv, trial, per_run):
 
 def journal(args):
     """The study's storage: Optuna's journal in CHECKPOINT_DIR/study.journal, its appends
-    under a lock file beside it (O_EXCL, which NFS v3 and later make atomic)."""
+    under a lock file beside it (O_EXCL, which NFS v3 and later make atomic). Without Optuna's
+    grace period, which breaks a lock held longer than 30 s: a filesystem that stalls longer
+    would let a second writer in, mid-line. A lock left by a process that died appending is
+    removed by the next job as it takes the study (open_study); no other job can be writing."""
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
     path = os.path.join(args.checkpoint_dir, STUDY)
-    return JournalStorage(JournalFileBackend(path, lock_obj=JournalFileOpenLock(path)))
+    lock = JournalFileOpenLock(path, grace_period=None)
+    return JournalStorage(JournalFileBackend(path, lock_obj=lock))
 
 
 def quiet_optuna():
@@ -194,6 +200,8 @@ def open_study(args):
     if holder is not None:
         raise UsageError(f"the study {path} is in use by another job ({holder or 'starting'}); "
                          "wait for it to end, or choose another --checkpoint-dir")
+    with contextlib.suppress(FileNotFoundError):  # the journal's lock, left by a process that died
+        os.remove(path + JOURNAL_LOCK)
     if os.path.isfile(path):  # read whole above: kept aside before this job writes to it
         with open(path, "rb") as f:
             kept = f.read()

@@ -137,8 +137,10 @@ def test_sigterm_mid_study_then_the_same_command_ends_with_its_trials_none_train
     left_running = [t.number for t in trials(ck) if t.state.name == "RUNNING"]
     assert left_running and any(before[n] for n in left_running), before
     stopped = (ck / "study.journal").read_bytes()
+    (ck / "study.journal.lock").touch()  # as a process killed while appending leaves it
     r = assert_ok(run(search_cmd(2, args), timeout=300, env_extra=ONE_THREAD))  # the same command
     assert (ck / "study.journal.bak").read_bytes() == stopped  # kept aside as the job started
+    assert not (ck / "study.journal.lock").exists()
     got = trials(ck)
     assert [t.number for t in got] == [0, 1, 2, 3] and {t.state.name for t in got} == {"COMPLETE"}
     for n in left_running:
