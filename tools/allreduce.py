@@ -9,12 +9,19 @@ Every process allreduces float32 tensors of sizes from a few KB up to all of the
 gradients, as the trainer would (GPUs with NCCL where there are GPUs, else the CPU), and takes
 the fastest time of each size. A line through them, time = latency + 2 (N - 1) / N x bytes /
 bandwidth, gives the network's bandwidth (from the largest sizes) and per-message latency (from
-the smallest) as one ring allreduce sees them. Rank 0 then profiles the model's layers on its
-own device (tools/layer_profile.py: the step's compute, and when in the backward pass each
-gradient is ready) and prints, in a few lines, the efficiency the scaling model
-(tools/scaling_model.py) predicts for a training run at this N with each flag set: the
-fraction of N times one process's images/s.
-`--json FILE` also writes the figures.
+the smallest) as one ring allreduce sees them. Where the job spans 4 or more hosts (or runs 4 or
+more processes on one), the same is timed on the rings of its first 2, 4, 8, ... hosts, each a
+Horovod process set, and the ring's stretch per doubling of N is fitted over them (the scaling
+model's spread). Rank 0 then times --steps plain training steps (their spread is what a step
+waits for in the slowest of N ranks), its backward alone and beside an allreduce of the
+gradients (what a collective takes from compute), and Horovod's host cost of one allreduce
+request (in a process set of its own: no wire); it profiles the model's layers
+(tools/layer_profile.py: when in the backward pass each gradient is ready) and prints, in a few
+lines, the efficiency the scaling model (tools/scaling_model.py) predicts for a training run at
+this N with each flag set: the fraction of N times one process's images/s.
+`--json FILE` also writes the figures, which `python -m tools.predict --from FILE` turns into a
+prediction for another N, term by term. Horovod starts with the trainer's settings on CUDA
+(training/ports/hvd_port.py) and dynamic process sets.
 """
 import argparse
 import json
