@@ -12,10 +12,11 @@ bandwidth, gives the network's bandwidth (from the largest sizes) and per-messag
 the smallest) as one ring allreduce sees them. Where the job spans 4 or more hosts (or runs 4 or
 more processes on one), the same is timed on the rings of its first 2, 4, 8, ... hosts, each a
 Horovod process set, and the ring's stretch per doubling of N is fitted over them (the scaling
-model's spread). Rank 0 then times --steps plain training steps (their spread is what a step
-waits for in the slowest of N ranks), its backward alone and beside an allreduce of the
-gradients (what a collective takes from compute), and Horovod's host cost of one allreduce
-request (in a process set of its own: no wire); it profiles the model's layers
+model's spread). Every process then times --steps plain training steps (rank 0's are kept:
+their spread is what a step waits for in the slowest of N ranks) and its backward alone and
+beside an allreduce of the gradients (what a collective takes from compute); rank 0 times
+Horovod's host cost of one allreduce request (in a process set of its own: no wire) and
+profiles the model's layers
 (tools/layer_profile.py: when in the backward pass each gradient is ready) and prints, in a few
 lines, the efficiency the scaling model (tools/scaling_model.py) predicts for a training run at
 this N with each flag set: the fraction of N times one process's images/s.
