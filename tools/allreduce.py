@@ -15,10 +15,9 @@ Horovod process set, and the ring's stretch per doubling of N is fitted over the
 model's spread). Every process then times --steps plain training steps (rank 0's are kept:
 their spread is what a step waits for in the slowest of N ranks) and its backward alone and
 beside an allreduce of the gradients (what a collective takes from compute); rank 0 times
-Horovod's host cost of one allreduce request (in a process set of its own: no wire) and
-profiles the model's layers
-(tools/layer_profile.py: when in the backward pass each gradient is ready) and prints, in a few
-lines, the efficiency the scaling model (tools/scaling_model.py) predicts for a training run at
+Horovod's host cost of one allreduce request (in a process set of its own: no wire), profiles
+the model's layers (tools/layer_profile.py: when in the backward pass each gradient is ready)
+and prints, in a few lines, the efficiency the scaling model (tools/scaling_model.py) predicts for a training run at
 this N with each flag set: the fraction of N times one process's images/s.
 `--json FILE` also writes the figures, which `python -m tools.predict --from FILE` turns into a
 prediction for another N, term by term. Horovod starts with the trainer's settings on CUDA
@@ -237,10 +236,10 @@ def main(argv=None):
     steps = step_times(model, x, y, device, args.steps)
     alone, beside = compute_beside(hvd, model, x, y, device, total, args.steps)
     request_s = per_request(hvd, tensors, device, args.repeats)
-    profile = layer_profile.measure(args.arch, args.batch_size, device=device)
-    compute_s, backward_s = profile["step_s"], profile["backward_s"]
     if hvd.rank() != 0:
         return 0
+    profile = layer_profile.measure(args.arch, args.batch_size, device=device)
+    compute_s, backward_s = profile["step_s"], profile["backward_s"]
     where = f"{device.type}, {n} processes on {len(set(hosts))} host(s)"
     print(f"allreduce ({where}): bandwidth {bandwidth / 1e6:.1f} Mbit/s, latency {latency * 1e3:.2f} ms "
           f"per message (fitted over {len(measured)} sizes, {measured[0][0] / 1e3:.0f} KB to "
