@@ -171,12 +171,14 @@ def _let_rank0_say_it(code):
 
 
 def _in_mpi():
-    """Whether this process has initialized MPI (mpi4py, or Horovod on its MPI controller).
-    Its ranks then leave together, in MPI_Finalize at exit, after rank 0 has spoken; and
-    mpirun does not end a rank for another's clean exit, so a wait would run its full time."""
+    """Whether this process is a rank of an MPI job of several (mpi4py, or Horovod on its MPI
+    controller). Its ranks then leave together, in MPI_Finalize at exit, after rank 0 has
+    spoken; and mpirun does not end a rank for another's clean exit, so a wait would run its
+    full time. An MPI world of one (mpi4py under horovodrun --gloo starts one for each process)
+    holds nobody back: there the rank waits for rank 0 as under any other launcher."""
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-        return True
+        return mpi.COMM_WORLD.Get_size() > 1
     hvd = sys.modules.get("horovod.torch")
     return hvd is not None and hvd.is_initialized() and hvd.mpi_enabled()
 
