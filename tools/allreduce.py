@@ -188,7 +188,9 @@ def fit_line(n, points):
     rates = [(x - x0) / (t - t0) for x, t in large if t > t0]
     if not rates:
         return t0, math.inf
-    bandwidth = statistics.median(rates)
+    # At most the slope to the largest size: a link's burst allowance can speed the smaller of
+    # them past the rate (a token bucket refilled while the ranks met), never the largest more.
+    bandwidth = min(statistics.median(rates), rates[-1])
     return max(t0 - x0 / bandwidth, 0.0), bandwidth
 
 
