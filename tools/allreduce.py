@@ -178,7 +178,8 @@ def _sync(device):
 def fit_line(n, points):
     """(latency s, bandwidth bits/s) from [(bytes, seconds)] for time = latency + 2 (N - 1) / N x
     bytes / bandwidth. The bandwidth is the median of the slopes from the smallest size to each
-    of the three largest, the latency what the smallest size's time leaves after it. The large
+    of the three largest, at most the slope to the largest (below), the latency what the
+    smallest size's time leaves after it. The large
     sizes are those fused gradients have; the median is not moved by one slow size, nor by
     links that pass a small message at once and only then pace (a switch's buffer, a token
     bucket), which bend the line in between (a least-squares line through them can fit a
