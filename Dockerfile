@@ -31,6 +31,9 @@ RUN if ! command -v ssh >/dev/null || [ ! -x /usr/sbin/sshd ]; then \
         && rm -rf /var/lib/apt/lists/*; \
     fi \
     && mkdir -p /run/sshd
+# A user of UID 1000 where the base has none: ssh and sshd need a name for the UID they run as
+# (the Kubernetes manifests of deploy/kubernetes run the pods as UID 1000).
+RUN getent passwd 1000 >/dev/null || useradd --uid 1000 --user-group --create-home --shell /bin/bash cifar
 
 WORKDIR /opt/cifar
 # `make setup TORCH=system`, as setup.sh itself (a base may lack make), before the rest of the

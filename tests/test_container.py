@@ -8,7 +8,10 @@ Dockerfile it is the base's PyTorch all the same. `make image` builds on that ba
 Horovod wheel `make setup` cached. Then, as those commands say: `horovodrun -np 2` in one container as
 an arbitrary UID, a resume in a second container, and `mpirun` from a container on one host of
 scripts/local_cluster.sh to a container running sshd on the other, which must train bitwise
-what one container trained.
+what one container trained. And the jobs of deploy/kubernetes as the operators would run them:
+each pod a container on a namespace host of its own, as the manifest's UID, with the manifest's
+command and what the operator gives the pod (the MPIJob's hostfile, ssh key files and variables;
+the PyTorchJob's rendezvous variables): each trains, and a restart resumes from the claim's folder.
 
 Everything podman makes lives under the module's own storage folder (--root), removed at the
 end, also when a test fails. Needs root; installs podman, runc and mmdebstrap from Debian when
@@ -24,7 +27,20 @@ import tempfile
 
 import pytest
 
-from helpers import PY, ROOT, assert_states_equal, env, load_ckpt, read_metrics, readme_blocks, skip_or_fail
+from helpers import (
+    PY,
+    ROOT,
+    UNTIL_ENDED,
+    LocalCluster,
+    assert_states_equal,
+    env,
+    load_ckpt,
+    read_metrics,
+    readme_blocks,
+    skip_or_fail,
+    wait_until,
+)
+from test_kubernetes import job, pods, render
 
 HEADING = "## Run in a container"
 UID = 4242  # no such user in the image: it must run as any UID
@@ -256,3 +272,150 @@ def test_mpirun_across_containers_on_two_hosts_equals_one_container(podman, imag
     assert [row["world_size"] for row in read_metrics(ws / "checkpoint")] == ["2"]
     assert_states_equal(load_ckpt(ws / "checkpoint" / "ckpt.pth")["model"], want["model"],
                         "two containers on two hosts against one container")
+
+
+# ---------------------------------------------------------------------------
+# The jobs of deploy/kubernetes, their pods as the operators make them (MPI Operator v0.8,
+# Training Operator v1.9): each pod a container on a namespace host of its own, as the
+# manifest's user, with its command, the claim's folder at /runs and what the operator adds
+
+@pytest.fixture
+def runs():
+    """The claim's folder, which UID 1000 may write (pytest's own folders are root's alone)."""
+    top = pathlib.Path(tempfile.mkdtemp(prefix="k8s-runs-"))
+    top.chmod(0o755)
+    os.chown(top, 1000, 1000)
+    yield top
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def k8s_cluster(tmp_path, request, hosts, name, net):
+    cluster = LocalCluster(tmp_path / "cluster")
+    # The hosts' own sshd off the pods' port (2222): on Kubernetes a pod has its network to itself.
+    cluster.env.update(CLUSTER_NAME=f"{name}{os.getpid() % 100000}", CLUSTER_NET=net, CLUSTER_SSH_PORT="2298")
+    request.addfinalizer(cluster.down)
+    cluster.up(hosts)
+    return cluster
+
+
+class Pods:
+    """The containers of one job, removed at the end however it went."""
+
+    def __init__(self, podman, image, doc, cluster, runs, names):
+        self.podman, (self.tag, self.mount, _, _), self.doc = podman, image, doc
+        self.cluster, self.runs, self.names, self.started = cluster, runs, names, []
+
+    def start(self, role, name, host, env, volumes=(), extra=()):
+        """`podman run -d` of the pod; its container id."""
+        spec = pods(self.doc)[role]
+        c, user = spec["containers"][0], spec["securityContext"]
+        words = [*c["command"], *c.get("args", [])]
+        if "mpirun" in words:  # the hosts share this machine's 2 cores: one thread a rank
+            words[words.index("mpirun") + 1:words.index("mpirun") + 1] = ["-x", "OMP_NUM_THREADS"]
+        if words[0] == "torchrun":  # this base's torch is a mounted package, without its console scripts
+            words[:1] = ["python", "-m", "torch.distributed.run"]
+        r = assert_ran(self.podman(
+            "run", "-d", "--network", "host", "--hostname", name,
+            *(f"--add-host={n}:{a}" for n, a in self.names), "--user", f"{user['runAsUser']}:{user['runAsGroup']}",
+            *self.mount, "-v", f"{self.runs}:/runs", *volumes,
+            *(f"-e={k}={v}" for k, v in dict(env, OMP_NUM_THREADS="1").items()), self.tag, *words, *extra,
+            netns=f"{self.cluster.env['CLUSTER_NAME']}-h{host}"))
+        self.started.append(r.stdout.strip())
+        return self.started[-1]
+
+    def wait(self, cid):
+        """The container's exit status and output."""
+        r = self.podman("wait", cid, timeout=600)
+        return int(r.stdout.strip() or -1), self.podman("logs", cid).stdout
+
+    def remove(self):
+        for cid in self.started:
+            self.podman("rm", "--force", "--time", "0", cid, timeout=120)
+
+
+def test_the_mpijob_launcher_waits_for_its_workers_trains_is_killed_and_resumes(podman, image, runs, tmp_path,
+                                                                               request):
+    doc = job(render("horovod"))
+    name, workers = doc["metadata"]["name"], doc["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"]
+    cluster = k8s_cluster(tmp_path, request, 1 + workers, "m", "169.254.83")  # the launcher's host, then a worker's
+    fqdn = [f"{name}-worker-{i}.{name}.default.svc" for i in range(workers)]
+    # The operator's ConfigMap (the hostfile) and Secret (the job's key; root's files, readable
+    # by all, as a Secret volume mounts them away from /root/.ssh), and its variables.
+    ssh, mpi = tmp_path / "ssh", tmp_path / "mpi"
+    for d in (ssh, mpi):
+        d.mkdir()
+        d.chmod(0o755)
+    (mpi / "hostfile").write_text("".join(f"{h} slots={doc['spec']['slotsPerWorker']}\n" for h in fqdn))
+    assert_ran(sh(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "521", "-N", "", "-f", str(ssh / "id_rsa")]))
+    shutil.copy(ssh / "id_rsa.pub", ssh / "authorized_keys")
+    for f in ssh.iterdir():
+        f.chmod(0o644)
+    volumes = ["-v", f"{ssh}:{doc['spec']['sshAuthMountPath']}:ro", "-v", f"{mpi}:/etc/mpi:ro"]
+    env = {"OMPI_MCA_orte_keep_fqdn_hostnames": "true", "OMPI_MCA_orte_default_hostfile": "/etc/mpi/hostfile",
+           "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10"}
+    job_pods = Pods(podman, image, doc, cluster, runs, list(zip(fqdn, cluster.addresses[1:])))
+    request.addfinalizer(job_pods.remove)
+    ckpt, flags = runs / "checkpoint", [*TINY, "--epochs", str(UNTIL_ENDED)]
+    # The launcher first: it must wait for the workers' sshd, as under an operator that does not
+    # wait for them to be Ready.
+    launcher = job_pods.start("Launcher", f"{name}-launcher", 1, dict(env, K_MPI_JOB_ROLE="launcher"), volumes,
+                              flags)
+    workers_ = [job_pods.start("Worker", f"{name}-worker-{i}", 2 + i, dict(env, K_MPI_JOB_ROLE="worker"), volumes)
+                for i in range(workers)]
+    wait_until(lambda: (ckpt / "ckpt.pth").exists(), 300, "the first epoch's checkpoint")
+    podman("kill", launcher, timeout=60)
+    code, out = job_pods.wait(launcher)
+    assert code != 0 and "epoch 1/" in out, out[-3000:]
+    # The ranks, on the workers, end with their launcher's connection, as its restart needs:
+    # the workers keep only their sshd.
+    wait_until(lambda: all("python" not in podman("top", w, "comm").stdout for w in workers_), 60,
+               "the killed job's ranks to end")
+    done = load_ckpt(ckpt / "ckpt.pth")["epoch"]
+    # The launcher's restart: the same command (stopped one epoch on).
+    again = job_pods.start("Launcher", f"{name}-launcher", 1, dict(env, K_MPI_JOB_ROLE="launcher"), volumes,
+                           [*flags, "--stop-at", str(done + 1)])
+    code, out = job_pods.wait(again)
+    assert code == 0 and f"after epoch {done}" in out, out[-3000:]
+    rows = read_metrics(ckpt)
+    assert [int(r["epoch"]) for r in rows] == list(range(1, done + 2))
+    assert {r["world_size"] for r in rows} == {str(workers * doc["spec"]["slotsPerWorker"])}
+    assert os.stat(ckpt / "ckpt.pth").st_uid == 1000
+
+
+def operator_env(doc, role, index):
+    """The variables the Training Operator sets in a pod of the PyTorchJob `doc`
+    (pkg/controller.v1/pytorch): the master's address and port, world size and rank, torchrun's PET_*."""
+    specs = doc["spec"]["pytorchReplicaSpecs"]
+    port = next(p["containerPort"] for p in specs["Master"]["template"]["spec"]["containers"][0]["ports"]
+                if p["name"] == "pytorchjob-port")
+    master = f"{doc['metadata']['name']}-master-0"
+    rank = index + (1 if role == "Worker" else 0)
+    nodes = sum(s["replicas"] for s in specs.values())
+    return {"PYTHONUNBUFFERED": "1", "MASTER_PORT": str(port), "PET_MASTER_PORT": str(port), "MASTER_ADDR": master,
+            "PET_MASTER_ADDR": master, "WORLD_SIZE": str(nodes * int(doc["spec"]["nprocPerNode"])),
+            "RANK": str(rank), "PET_NODE_RANK": str(rank), "PET_NPROC_PER_NODE": doc["spec"]["nprocPerNode"],
+            "PET_NNODES": str(nodes)}
+
+
+def test_the_pytorchjob_pods_train_and_a_restart_resumes(podman, image, runs, tmp_path, request):
+    doc = job(render("ddp"))
+    name = doc["metadata"]["name"]
+    assert [s["replicas"] for s in doc["spec"]["pytorchReplicaSpecs"].values()] == [1, 1]
+    cluster = k8s_cluster(tmp_path, request, 2, "p", "169.254.85")
+    names = [(f"{name}-master-0", cluster.addresses[0]), (f"{name}-worker-0", cluster.addresses[1])]
+    job_pods = Pods(podman, image, doc, cluster, runs, names)
+    request.addfinalizer(job_pods.remove)
+
+    def both(*extra):
+        cids = [job_pods.start(role, pod, host, operator_env(doc, role, 0), extra=[*TINY, "--epochs", "2", *extra])
+                for role, (pod, _), host in zip(("Master", "Worker"), names, (1, 2))]
+        (m, out), (w, wout) = job_pods.wait(cids[0]), job_pods.wait(cids[1])
+        assert (m, w) == (0, 0), out[-3000:] + wout[-3000:]
+        return out
+
+    both("--stop-at", "1")  # the pods' first run, stopped after epoch 1
+    out = both()  # their restart: the same command resumes from the claim
+    assert "resuming" in out and "after epoch 1" in out, out[-3000:]
+    ckpt = runs / "checkpoint"
+    assert [(r["epoch"], r["world_size"]) for r in read_metrics(ckpt)] == [("1", "2"), ("2", "2")]
+    assert os.stat(ckpt / "ckpt.pth").st_uid == 1000
