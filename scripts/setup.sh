@@ -120,10 +120,10 @@ PY
     need=() optional=()
     while read -r req; do
         name=${req%%[=<> ]*}
-        # ruff lints (make lint), .ci/run brings its own; the two validators check the Kubernetes
+        # ruff lints (make lint), .ci/run brings its own; kubernetes-validate checks the Kubernetes
         # manifests (tests/test_kubernetes.py). A machine or an image that trains does without them.
         case "$name" in
-            torch|torchvision|ruff|check-jsonschema|kubernetes-validate|'') continue ;;
+            torch|torchvision|ruff|kubernetes-validate|'') continue ;;
             mpi4py) [ "$WITH_MPI" = 1 ] || continue ;;
         esac
         "$PY" -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "$name" 2>/dev/null && continue
