@@ -64,7 +64,8 @@ def crd_validator(kind, version):
     """A validator of the served `version` of the operator's CRD for `kind`."""
     name = {"MPIJob": "kubeflow.org_mpijobs", "PyTorchJob": "kubeflow.org_pytorchjobs"}[kind]
     with gzip.open(os.path.join(CRDS, f"{name}.yaml.gz"), "rt") as f:
-        crd = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml parses it several times faster
+        # libyaml's parser, where PyYAML has it, reads the 670 KB several times faster.
+        crd = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     served = {v["name"]: v["schema"]["openAPIV3Schema"] for v in crd["spec"]["versions"] if v["served"]}
     schema = served[version]
     return jsonschema.Draft7Validator(strict(schema))
