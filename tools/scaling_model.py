@@ -40,7 +40,8 @@ has ended, so the backward pass hides what it can of them. Assumptions, each a s
   stretched by 1 + `spread` x log2(N / 2) (fitted; 0 at 2 processes, where `efficiency`
   already holds it). On the emulated cluster a lone allreduce of ResNet-18's gradients
   (44.7 MB, 25 Gbit/s) took 2.8% and 5.4% longer than the ring's 2 (N - 1) / N at 4 and 8
-  hosts, scaled from 2.
+  hosts, scaled from 2. Emulated training at 2 to 16 hosts fits a spread of 0.005
+  (benchmarks/figures/probe_vs_emulator_error.py), and FITTED keeps 0.
 - **Hierarchical allreduce** (`nodes`, `intra_bps`: HOROVOD_HIERARCHICAL_ALLREDUCE) is a ring of
   nodes between two steps inside each node (message_s). It is modelled, not checked: the
   emulator's gloo has no hierarchical path. NCCL's tree algorithm is not modelled.
