@@ -7,8 +7,11 @@ import os
 # is imported, so it holds for this process and the ones it starts.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import hashlib  # noqa: E402
+import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
+import tempfile  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -96,8 +99,22 @@ def real_data(tmp_path_factory):
         if os.environ.get("REQUIRE_REAL_DATA"):
             pytest.fail(why)
         pytest.skip(why)
-    d = tmp_path_factory.mktemp("real")
-    subprocess.run([helpers.PY, maker, str(d)], check=True, capture_output=True, timeout=300)
+    # Written once per pack and kept, as `make setup` keeps Horovod's wheel: writing it takes
+    # about a minute on 2 cores. The pack's and the maker's hash name the folder.
+    digest = hashlib.sha256()
+    for f in (maker, os.path.join(os.path.dirname(maker), "cifar10-jpeg.npz")):
+        with open(f, "rb") as fh:
+            digest.update(fh.read())
+    cache = os.environ.get("CIFAR_HVD_CACHE", os.path.expanduser("~/.cache/cifar-horovod"))
+    d = os.path.join(cache, f"real-cifar10-{digest.hexdigest()[:16]}")
+    if not os.path.isdir(d):
+        os.makedirs(cache, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=".real-cifar10-", dir=cache)
+        subprocess.run([helpers.PY, maker, tmp], check=True, capture_output=True, timeout=300)
+        try:
+            os.rename(tmp, d)  # whole, or not at all; a worker that wrote it first wins
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
     return d
 
 
