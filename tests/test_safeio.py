@@ -1,6 +1,8 @@
 """safeio.py: atomic writes and their modes (a whole run's files under a umask too), work done once
 under a lock, a held folder."""
+import errno
 import os
+import shutil
 import stat
 import subprocess
 import threading
@@ -8,7 +10,7 @@ import time
 
 import pytest
 
-from helpers import common_args, probe_cmd, run_main
+from helpers import PY, ROOT, assert_one_line_error, common_args, probe_cmd, run, run_main, skip_or_fail
 from training.base import safeio
 from training.base.errors import TrainerError
 
@@ -105,3 +107,34 @@ def test_a_run_writes_files_with_the_mode_of_its_umask(tmp_path):
     assert {"ckpt.pth", "best.pth", "metrics.csv", "curves.png", "data_batch_1", "test_batch"} <= names
     modes = {f: oct(stat.S_IMODE(os.stat(f).st_mode)) for f in files}
     assert set(modes.values()) == {"0o640"}, modes
+
+
+@pytest.mark.parametrize("code", safeio.NO_LOCKS)
+def test_a_filesystem_without_locks_is_one_line_and_other_errors_pass_through(tmp_path, monkeypatch, code):
+    def no_locks(fd, op):
+        raise OSError(code, os.strerror(code))
+    monkeypatch.setattr(safeio.fcntl, "flock", no_locks)
+    for take in (lambda p: safeio.hold(p, "this test"), lambda p: safeio.once(p, lambda: False, lambda: None)):
+        with pytest.raises(TrainerError, match="keeps no file locks .* Lustre mounted with -o flock"):
+            take(str(tmp_path / "lock"))
+    monkeypatch.setattr(safeio.fcntl, "flock", lambda fd, op: (_ for _ in ()).throw(OSError(errno.EBADF, "bad")))
+    with pytest.raises(OSError):
+        safeio.hold(str(tmp_path / "other"), "this test")
+
+
+def test_a_run_and_a_search_on_a_filesystem_without_locks_stop_in_one_line(data_dir, tmp_path):
+    # Lustre mounted `noflock` answers flock() with ENOSYS. No such filesystem can be made here,
+    # so a library loaded first (LD_PRELOAD) answers every flock() of the process the same way.
+    src, lib = tmp_path / "noflock.c", tmp_path / "libnoflock.so"
+    src.write_text("#include <errno.h>\nint flock(int fd, int op) { (void)fd; (void)op; errno = ENOSYS; return -1; }\n")
+    if not shutil.which("gcc"):
+        skip_or_fail("gcc is not installed: it builds the library that takes flock() away")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True, timeout=60)
+    no_locks = {"LD_PRELOAD": str(lib)}
+    r = run_main(common_args(data_dir, tmp_path / "ck", epochs=1), env_extra=no_locks)
+    assert_one_line_error(r, "keeps no file locks (Function not implemented)", "-o flock", code=1)
+    assert not (tmp_path / "ck" / "ckpt.pth").exists()
+    r = run([PY, os.path.join(ROOT, "main_sweep.py"), "--search", "lr=log:0.01:0.1", "--trials", "1",
+             *common_args(data_dir, tmp_path / "study", epochs=1)], env_extra=no_locks)
+    assert_one_line_error(r, "keeps no file locks (Function not implemented)", code=1)
+    assert not os.path.exists(tmp_path / "study" / "study.journal")

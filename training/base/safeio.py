@@ -11,6 +11,7 @@ Nothing here knows what the files hold.
 """
 import contextlib
 import csv
+import errno
 import fcntl
 import io
 import os
@@ -84,6 +85,24 @@ def _lock_file(path, hint):
         raise TrainerError(f"cannot create the lock file {path} ({e.strerror or e}): {hint}") from e
 
 
+# What flock fails with where a filesystem keeps no locks: Lustre mounted `noflock` (ENOSYS),
+# an NFS mount without its lock service (ENOLCK), some FUSE filesystems (EOPNOTSUPP).
+NO_LOCKS = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP)
+
+
+def _flock(fd, op, path):
+    """fcntl.flock, with a filesystem that keeps no locks turned into one line: without them,
+    two processes could both believe they hold the file."""
+    try:
+        fcntl.flock(fd, op)
+    except OSError as e:
+        if e.errno not in NO_LOCKS:
+            raise
+        raise TrainerError(f"cannot lock {path}: its filesystem keeps no file locks "
+                           f"({e.strerror}); put the folder on one that does (a local disk, "
+                           "NFS v4, Lustre mounted with -o flock)") from None
+
+
 @contextlib.contextmanager
 def locked(path, hint="fix the folder's permissions"):
     """Hold an exclusive lock on the file `path` (made if missing) for the block.
@@ -93,7 +112,7 @@ def locked(path, hint="fix the folder's permissions"):
     file that another process may be about to lock would let two in at once."""
     fd = _lock_file(path, hint)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        _flock(fd, fcntl.LOCK_EX, path)
         yield
     finally:
         os.close(fd)  # and with it the lock
@@ -128,10 +147,13 @@ def hold(path, owner, hint="fix the folder's permissions"):
         return None
     fd = _lock_file(path, hint)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, path)
     except BlockingIOError:
         with os.fdopen(fd, "rb") as f:
             return _owner(f)
+    except TrainerError:
+        os.close(fd)
+        raise
     os.ftruncate(fd, 0)
     os.pwrite(fd, owner.encode() + b"\n", 0)
     _held_locks[path] = fd
