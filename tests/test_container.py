@@ -363,7 +363,10 @@ def test_the_mpijob_launcher_waits_for_its_workers_trains_is_killed_and_resumes(
                               flags)
     workers_ = [job_pods.start("Worker", f"{name}-worker-{i}", 2 + i, dict(env, K_MPI_JOB_ROLE="worker"), volumes)
                 for i in range(workers)]
-    wait_until(lambda: (ckpt / "ckpt.pth").exists(), 300, "the first epoch's checkpoint")
+    # The checkpoint, and the epoch's line back through ssh and mpirun (rank 0 is on a worker):
+    # killed before that line arrived, the launcher's output would not show the epoch.
+    wait_until(lambda: (ckpt / "ckpt.pth").exists() and "epoch 1/" in podman("logs", launcher).stdout, 300,
+               "the first epoch's checkpoint and line")
     podman("kill", launcher, timeout=60)
     code, out = job_pods.wait(launcher)
     assert code != 0 and "epoch 1/" in out, out[-3000:]
