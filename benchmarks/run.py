@@ -47,6 +47,7 @@ from benchmarks.figures import (
     allreduce_overlap_np2,
     ddp_scaling_efficiency_np2,
     emulator_vs_real_error,
+    hierarchical_allreduce_error,
     horovod_compiled_over_ddp_cluster_100g,
     horovod_compiled_over_ddp_cluster_400g,
     horovod_compiled_overlap_window_ratio,
@@ -73,7 +74,8 @@ FIGURES = [loader_speedup, horovod_np1_overhead, horovod_hook_overhead_ms, scali
            ddp_scaling_efficiency_np2, horovod_vs_ddp_np2, horovod_idle_threads_gain, allreduce_overlap_np2,
            horovod_compiled_overlap_window_ratio, layout_design_cost, sweep_wall_time,
            search_wall_time_vs_grid, search_best_acc_minus_grid, emulator_vs_real_error,
-           scaling_model_heldout_error, probe_vs_emulator_error, horovod_compiled_over_ddp_cluster_100g,
+           scaling_model_heldout_error, probe_vs_emulator_error, hierarchical_allreduce_error,
+           horovod_compiled_over_ddp_cluster_100g,
            horovod_compiled_over_ddp_cluster_400g, real_data_accuracy]
 
 

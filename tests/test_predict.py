@@ -83,6 +83,26 @@ def test_hierarchical_is_a_ring_of_nodes_between_two_steps_inside_them():
     assert scaling_model.message_s(32, 1e8, 1e10, params, nodes=4, intra_bps=1e12) == pytest.approx(across + inside)
     assert scaling_model.message_s(32, 1e8, 1e10, params, nodes=4, intra_bps=1e12) < \
         scaling_model.message_s(32, 1e8, 1e10, params)
+    assert scaling_model.message_s(32, 1e8, 1e10, params, nodes=4, intra_bps=1e12, intra_latency_s=2e-5) == \
+        pytest.approx(across + inside + 2e-5)
+
+
+def test_hierarchical_takes_the_nodes_ring_from_the_probe_or_the_flag(probe, tmp_path):
+    node = {"processes": 2, "bandwidth_bps": 4e9, "latency_s": 3e-5}
+    path = tmp_path / "probe.json"
+    path.write_text(json.dumps(dict(probe, node=node)))
+    common = [PY, "-m", "tools.predict", "--from", str(path), "--nodes", "4", "--gpus-per-node", "2"]
+    got = assert_ok(run([*common, "--hierarchical"])).stdout
+    assert "ring of 4 nodes, hierarchical (4 Gbit/s inside)" in got, got
+    assert "hierarchical (10 Gbit/s inside)" in assert_ok(run([*common, "--hierarchical-gbps", "10"])).stdout
+    point, params, _, _ = predict.job_point(dict(probe, node=node), 4, 2, intra=(4e9, 3e-5))
+    flat, _, _, _ = predict.job_point(probe, 4, 2)
+    assert point["nodes"] == 4 and point["intra_latency_s"] == 3e-5
+    assert scaling_model.step_s(point, params) != scaling_model.step_s(flat, params)
+    path.write_text(json.dumps(probe))  # a probe of one process a host: no node's ring
+    r = run([*common, "--hierarchical"])
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "--hierarchical needs a probe run with 2 or more processes on each of 2 or more hosts" in r.stderr
 
 
 def test_the_spread_fit_recovers_a_known_stretch():

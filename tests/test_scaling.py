@@ -70,28 +70,36 @@ def test_a_shaped_link_carries_its_rate_and_down_removes_it(tmp_path):
 
 
 def test_the_allreduce_probe_measures_the_shaped_rate(tmp_path):
-    # The probe under mpirun, one rank on each of two hosts whose links carry 50 Mbit/s: the
-    # bandwidth it fits is within 25% of that, and it predicts an efficiency for each flag set.
+    # The probe under horovodrun --gloo, two ranks on each of two hosts whose links carry 50
+    # Mbit/s: the bandwidth its flat ring (gloo's ring: Open MPI's allreduce under mpirun picks
+    # other algorithms) fits is within 25% of that, and it predicts an efficiency for each flag
+    # set. Two processes a host also make a node's ring and the hierarchical allreduce.
     c = shaped_cluster(tmp_path, "p")
     try:
-        c.up(2, "--rate", f"{RATE_MBIT}mbit")
+        c.up(2, "--slots", 2, "--rate", f"{RATE_MBIT}mbit")
         out = tmp_path / "probe.json"
-        cmd = c.on(1, ["mpirun", "-np", 2, "--hostfile", c.vars["CLUSTER_HOSTFILE"], *c.vars["CLUSTER_MPIRUN_ARGS"],
-                       PY, "-m", "tools.allreduce", "--arch", "lenet", "--batch-size", 32, "--steps", 10,
-                       "--json", out])
+        cmd = c.on(1, [os.path.join(os.path.dirname(PY), "horovodrun"), "-np", 4, "-H", c.vars["CLUSTER_HOSTS"],
+                       *c.vars["CLUSTER_HOROVODRUN_ARGS"], "--gloo", PY, "-m", "tools.allreduce", "--arch", "lenet",
+                       "--batch-size", 32, "--steps", 10, "--json", out])
         t0 = time.monotonic()
-        r = assert_ok(run(cmd, env_extra=dict(c.env, OMP_NUM_THREADS="1"), timeout=300))
+        r = assert_ok(run(cmd, env_extra=dict(c.env, OMP_NUM_THREADS="1", PYTHONPATH=ROOT), timeout=300))
         said = json.loads(out.read_text())
-        assert said["n"] == 2 and said["arch"] == "lenet" and len(said["measured"]) >= 8
+        assert said["n"] == 4 and said["arch"] == "lenet" and len(said["measured"]) >= 8
         assert 0.75 * RATE_MBIT < said["bandwidth_bps"] / 1e6 < 1.25 * RATE_MBIT, (said, r.stdout)
         assert set(said["predicted_efficiency"]) == {"default", "--fp16-allreduce", "--batches-per-allreduce 4",
                                                       "fusion off (HOROVOD_FUSION_THRESHOLD=0)",
                                                       "--compile (hooks after the whole backward)"}
         assert all(0 < e <= 1 for e in said["predicted_efficiency"].values())
-        assert "allreduce (cpu, 2 processes on 2 host(s)): bandwidth " in r.stdout, r.stdout
+        assert "allreduce (cpu, 4 processes on 2 host(s)): bandwidth " in r.stdout, r.stdout
         # Two hosts make one ring size: no spread, and the probe says what it would need.
-        assert [ring["n"] for ring in said["rings"]] == [2] and said["spread"] is None and said["hosts"] == 2
+        assert [ring["n"] for ring in said["rings"]] == [4] and said["spread"] is None and said["hosts"] == 2
         assert "not measured (needs rings of two sizes" in r.stdout
+        # The node's ring runs over loopback, past the shaped link; the hierarchical steps summed
+        # every process's tensor (the probe checks) in a time of their own, which the model predicts.
+        node, hier = said["node"], said["hierarchical"]
+        assert node["processes"] == 2 and node["bandwidth_bps"] > 2 * said["bandwidth_bps"], said
+        assert hier["nodes"] == 2 and hier["bytes"] == said["measured"][-1][0] and hier["seconds"] > 0
+        assert hier["predicted_s"] > 0 and "hierarchical allreduce (2 nodes of 2: an allreduce inside each" in r.stdout
         print(f"probe: {said['bandwidth_bps'] / 1e6:.1f} Mbit/s in {time.monotonic() - t0:.0f} s")
     finally:
         c.down()

@@ -14,7 +14,11 @@ more processes on one), the same is timed on the rings of its first 2, 4, 8, ...
 Horovod process set, and the ring's stretch per doubling of N is fitted over them (the scaling
 model's spread). Every process then times --steps plain training steps (rank 0's are kept:
 their spread is what a step waits for in the slowest of N ranks) and its backward alone and
-beside an allreduce of the gradients (what a collective takes from compute); rank 0 times
+beside an allreduce of the gradients (what a collective takes from compute). Where every host
+runs the same number (2 or more) of processes, a node's own ring is timed too, and the
+hierarchical allreduce of all the gradients beside the flat ring's (the steps of
+HOROVOD_HIERARCHICAL_ALLREDUCE, made of Horovod's collectives over process sets: see
+time_hierarchical). Rank 0 times
 Horovod's host cost of one allreduce request (in a process set of its own: no wire), profiles
 the model's layers (tools/layer_profile.py: when in the backward pass each gradient is ready)
 and prints, in a few lines, the efficiency the scaling model (tools/scaling_model.py) predicts for a training run at
@@ -55,20 +59,64 @@ def time_allreduce(hvd, nbytes, device, repeats, process_set=None):
     for i in range(repeats + 1):  # the first one is a warm-up (buffers, connections)
         hvd.barrier(process_set=ps)
         t0 = time.perf_counter()
-        handle = hvd.allreduce_async(t, op=hvd.Sum, name=f"probe.{ps.size()}.{nbytes}", process_set=ps)
-        # Not hvd.allreduce: its wait spins on the CPU, and where a host has fewer cores than
-        # busy threads it takes the time Horovod's own thread needs to move the bytes.
-        while not hvd.poll(handle):
-            time.sleep(5e-5)
-        hvd.synchronize(handle)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        _wait(hvd, hvd.allreduce_async(t, op=hvd.Sum, name=f"probe.{ps.size()}.{nbytes}", process_set=ps))
+        _sync(device)
         if i:
             times.append(time.perf_counter() - t0)
-    # The slowest rank's time is the collective's.
-    slowest = hvd.allreduce(torch.tensor([min(times)]), op=hvd.Max, name=f"probe.{ps.size()}.{nbytes}.max",
-                            process_set=ps)
-    return float(slowest)
+    return _slowest(hvd, min(times), f"probe.{ps.size()}.{nbytes}.max", ps)
+
+
+def _wait(hvd, handle):
+    """The handle's result. Not hvd.synchronize alone: its wait spins on the CPU, and where a
+    host has fewer cores than busy threads it takes the time Horovod's own thread needs to move
+    the bytes."""
+    while not hvd.poll(handle):
+        time.sleep(5e-5)
+    return hvd.synchronize(handle)
+
+
+def _slowest(hvd, seconds, name, process_set=None):
+    """The largest of the ranks' seconds: a collective lasts as long as its slowest rank's."""
+    return float(hvd.allreduce(torch.tensor([seconds]), op=hvd.Max, name=name,
+                               process_set=process_set or hvd.global_process_set))
+
+
+def node_sets(hvd, hosts):
+    """(this process's node, its cross-node set), the process sets of the hierarchical
+    allreduce: the processes of each host, and the processes of the same place on every host.
+    None unless the job spans 2 or more hosts of the same number (2 or more) of processes.
+    Made on every rank alike (adding a process set is a collective)."""
+    units = ring_units(hosts)
+    if len(units) < 2 or len({len(u) for u in units}) > 1 or len(units[0]) < 2:
+        return None
+    me = hvd.rank()
+    nodes = [(hvd.add_process_set(u), me in u) for u in units]
+    crosses = [(hvd.add_process_set([u[i] for u in units]), me in [u[i] for u in units]) for i in range(len(units[0]))]
+    return next(ps for ps, mine in nodes if mine), next(ps for ps, mine in crosses if mine)
+
+
+def time_hierarchical(hvd, nbytes, device, repeats, node, cross):
+    """The fastest of `repeats` hierarchical allreduces of nbytes of float32, in seconds, on
+    every rank: the steps of HOROVOD_HIERARCHICAL_ALLREDUCE made of Horovod's collectives over
+    the node sets (gloo has no hierarchical path of its own). Inside the node an allreduce, of
+    which each process keeps its share (where HOROVOD_HIERARCHICAL_ALLREDUCE reduce-scatters:
+    Horovod 0.28.1's reducescatter over gloo returned wrong sums in some calls), then an
+    allreduce of each share across the nodes, an allgather inside the node."""
+    t = torch.ones(nbytes // 4, device=device)
+    times = []
+    for i in range(repeats + 1):
+        hvd.barrier()
+        t0 = time.perf_counter()
+        whole = _wait(hvd, hvd.allreduce_async(t, op=hvd.Sum, name="probe.hier.node", process_set=node))
+        share = whole.chunk(node.size())[node.rank()]
+        share = _wait(hvd, hvd.allreduce_async(share, op=hvd.Sum, name="probe.hier.cross", process_set=cross))
+        out = _wait(hvd, hvd.allgather_async(share, name="probe.hier.gather", process_set=node))
+        _sync(device)
+        if i:
+            times.append(time.perf_counter() - t0)
+        if out.shape != t.shape or not bool((out == hvd.size()).all()):
+            raise RuntimeError("the hierarchical allreduce's steps did not sum the ones of every process")
+    return _slowest(hvd, min(times), "probe.hier.max")
 
 
 def ring_units(hosts):
@@ -234,6 +282,14 @@ def main(argv=None):
                 rings.append({"n": ps.size(), "bandwidth_bps": bw, "latency_s": lat})
         hvd.barrier()
     spread = fit_spread([(r["n"], r["bandwidth_bps"]) for r in rings])
+    node, hierarchical, sets = None, None, node_sets(hvd, hosts)
+    if sets:  # the node's own ring, and the hierarchical allreduce of all the gradients
+        points = [(b, time_allreduce(hvd, b, device, args.repeats, sets[0])) for b in sizes(total, steps=4)]
+        lat, bw = fit_line(sets[0].size(), points)
+        node = {"processes": sets[0].size(), "bandwidth_bps": bw, "latency_s": lat}
+        seconds = time_hierarchical(hvd, measured[-1][0], device, args.repeats, *sets)
+        hierarchical = {"nodes": len(set(hosts)), "bytes": measured[-1][0], "seconds": seconds,
+                        "flat_seconds": measured[-1][1]}
     x = torch.randn(args.batch_size, 3, 32, 32, device=device)
     y = torch.randint(0, 10, (args.batch_size,), device=device)
     steps = step_times(model, x, y, device, args.steps)
@@ -250,6 +306,18 @@ def main(argv=None):
     print("the ring's stretch per doubling of N: " + (f"{spread:.3f} (rings of " + ", ".join(
         f"{r['n']}" for r in sorted(rings, key=lambda r: r["n"])) + " processes)" if spread is not None else
         "not measured (needs rings of two sizes: 4 or more hosts, or 4 or more processes on one host)"))
+    if hierarchical:
+        h, rate = hierarchical, bandwidth * (1 + (spread or 0.0) * math.log2(n / 2))
+        per_node = node["processes"]
+        # The model's steps, and the node's allreduce where a reduce-scatter would send half its bytes.
+        h["predicted_s"] = scaling_model.message_s(n, h["bytes"], rate, (1.0, latency, spread or 0.0),
+                                                   nodes=h["nodes"], intra_bps=node["bandwidth_bps"],
+                                                   intra_latency_s=node["latency_s"]) \
+            + (per_node - 1) / per_node * h["bytes"] * 8 / node["bandwidth_bps"]
+        print(f"hierarchical allreduce ({h['nodes']} nodes of {node['processes']}: an allreduce inside each, a "
+              f"ring of nodes, an allgather): {h['seconds'] * 1e3:.0f} ms for {h['bytes'] / 1e6:.1f} MB against the "
+              f"flat ring's {h['flat_seconds'] * 1e3:.0f} ms (the scaling model: {h['predicted_s'] * 1e3:.0f} ms); "
+              f"a node's ring: {node['bandwidth_bps'] / 1e6:.1f} Mbit/s, {node['latency_s'] * 1e3:.2f} ms per message")
     print(f"{args.arch}: {len(tensors)} gradient tensors, {total / 1e6:.1f} MB in fp32; a step of batch "
           f"{args.batch_size} computes in {compute_s * 1e3:.0f} ms here (backward {backward_s * 1e3:.0f} ms); "
           f"{args.steps} steps: median {statistics.median(steps) * 1e3:.1f} ms, slowest {max(steps) * 1e3:.1f} ms; "
@@ -268,6 +336,7 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump({"n": n, "device": device.type, "hosts": len(set(hosts)), "bandwidth_bps": bandwidth,
                        "latency_s": latency, "measured": measured, "rings": rings, "spread": spread,
+                       "node": node, "hierarchical": hierarchical,
                        "arch": args.arch, "batch": args.batch_size, "tensors": len(tensors), "tensor_bytes": tensors,
                        "bytes": total, "compute_s": compute_s, "backward_s": backward_s, "profile": profile,
                        "step_times_s": steps, "backward_alone_s": alone, "backward_beside_allreduce_s": beside,

@@ -127,8 +127,8 @@ class Hosts:
     under a name, network and folder of their own; up for a `with` block, and down after it
     however it ended."""
 
-    def __init__(self, hosts, shaped_bps, folder):
-        self.n = hosts
+    def __init__(self, hosts, shaped_bps, folder, slots=1):
+        self.n, self.slots = hosts, slots
         self.rate = f"{max(1, round(shaped_bps / 1e3))}kbit"
         self.env = dict(os.environ, CLUSTER_DIR=os.path.join(folder, "hosts"),
                         CLUSTER_NAME=f"emu{os.getpid() % 1000000}",
@@ -143,7 +143,7 @@ class Hosts:
 
     def __enter__(self):
         try:
-            r = self.script("up", str(self.n), "--rate", self.rate)
+            r = self.script("up", str(self.n), "--slots", str(self.slots), "--rate", self.rate)
         except BaseException:
             self.script("down", timeout=300)
             raise
@@ -162,6 +162,13 @@ class Hosts:
     def on(self, host, cmd):
         return ["bash", SCRIPT, "on", str(host), *map(str, cmd)]
 
+    def first(self, n):
+        """The first n hosts, for launch(): the same hosts, a smaller job."""
+        view = Hosts(n, 0, "", self.slots)
+        view.env = self.env
+        view.vars = dict(self.vars, CLUSTER_HOSTS=",".join(self.vars["CLUSTER_HOSTS"].split(",")[:n]))
+        return view
+
 
 def rank_env(dilation_, fusion, cycle_s=scaling_model.CYCLE_S):
     """The emulated ranks' environment: Horovod's cycle (cycle_s) dilated, its stall warnings
@@ -173,13 +180,14 @@ def rank_env(dilation_, fusion, cycle_s=scaling_model.CYCLE_S):
 
 
 def launch(hosts, port, script, env_extra, timeout, work):
-    """Run `script` (what follows `python`: a file and its flags, or -m and a module) as one rank
-    on each host under the port's launcher: horovodrun --gloo from host 1 ("horovod"), or a
+    """Run `script` (what follows `python`: a file and its flags, or -m and a module) as a rank
+    on each host's slot under the port's launcher: horovodrun --gloo from host 1 ("horovod"), or a
     torchrun on every host meeting at host 1 ("ddp"). Returns host 1's launcher's output; a
     failure or a run past `timeout` seconds raises Failed, after every rank has been ended."""
     if port == "horovod":
-        cmds = [hosts.on(1, [os.path.join(BIN, "horovodrun"), "-np", hosts.n, "-H", hosts.vars["CLUSTER_HOSTS"],
-                             *hosts.vars["CLUSTER_HOROVODRUN_ARGS"], "--gloo", sys.executable, *script])]
+        cmds = [hosts.on(1, [os.path.join(BIN, "horovodrun"), "-np", hosts.n * hosts.slots,
+                             "-H", hosts.vars["CLUSTER_HOSTS"], *hosts.vars["CLUSTER_HOROVODRUN_ARGS"], "--gloo",
+                             sys.executable, *script])]
     else:
         address = hosts.vars["CLUSTER_HOSTS"].split(",")[0].split(":")[0]
         cmds = [hosts.on(i + 1, [os.path.join(BIN, "torchrun"), "--nnodes", hosts.n, "--node_rank", i,

@@ -25,10 +25,11 @@ The step is a sum of terms, each printed with where its figure comes from:
 
 Without --from, the constants the scaling model was fitted with on the emulated cluster stand
 in for the network (scaling_model.FITTED) and --link-gbps gives the link; the terms that need a
-probe are then left out, and the output says so. --hierarchical-gbps G models Horovod's
-hierarchical allreduce, a ring of nodes between two steps inside each node at G Gbit/s
-(scaling_model.message_s); it is not checked against a run. What no term holds: NCCL's tree
-algorithm, and a flat ring's use of a node's faster internal links (a node is one link).
+probe are then left out, and the output says so. --hierarchical models Horovod's hierarchical
+allreduce, a ring of nodes between two steps inside each node (scaling_model.message_s), at the
+node's rate and latency the probe measured where it ran several processes a host, or at
+--hierarchical-gbps G. What no term holds: NCCL's tree algorithm, and a flat ring's use of a
+node's faster internal links (a node is one link).
 """
 import argparse
 import json
@@ -50,7 +51,7 @@ def expected_slowest(times, n):
 
 
 def job_point(probe, nodes, gpus, step_s=None, port="horovod", path="hooks", compiled=False,
-              fp16=False, k=1, cycle_s=None, link_bps=None, intra_bps=None):
+              fp16=False, k=1, cycle_s=None, link_bps=None, intra=None):
     """(the scaling model's point for the job, its params, the step times scaled as the compute
     is, notes): the probe's figures where there is a probe, else the emulator's fitted ones."""
     notes = []
@@ -82,8 +83,8 @@ def job_point(probe, nodes, gpus, step_s=None, port="horovod", path="hooks", com
                  compiled="regions" if regions else compiled and port == "horovod",
                  cycle_s=cycle_s if cycle_s is not None else probe.get("cycle_s", scaling_model.CYCLE_S),
                  spread_source=point_spread)
-    if intra_bps is not None:  # Horovod's hierarchical allreduce: a ring of nodes
-        point.update(nodes=nodes, intra_bps=intra_bps)
+    if intra is not None:  # Horovod's hierarchical allreduce: a ring of nodes; (rate, latency) inside one
+        point.update(nodes=nodes, intra_bps=intra[0], intra_latency_s=intra[1])
     return point, params, times, notes
 
 
@@ -121,7 +122,7 @@ def terms(point, params, probe, times, path="hooks"):
     alone, beside = probe.get("backward_alone_s"), probe.get("backward_beside_allreduce_s")
     if alone and beside and n > 1:
         total = scaling_model.message_s(n, sum(point["tensors"]), point["rate_bps"], params, point.get("fp16", False),
-                                        point.get("nodes"), point.get("intra_bps"))
+                                        point.get("nodes"), point.get("intra_bps"), point.get("intra_latency_s", 0.0))
         exposed = with_spread - compute
         hidden = min(point["backward_s"], max(0.0, total - exposed))
         factor = beside / alone
@@ -148,16 +149,19 @@ def main(argv=None):
     p.add_argument("--fp16-allreduce", action="store_true")
     p.add_argument("--batches-per-allreduce", type=int, default=1)
     p.add_argument("--cycle-ms", type=float, help="Horovod's cycle (default: the probe's, else 1)")
+    p.add_argument("--hierarchical", action="store_true",
+                   help="Horovod's hierarchical allreduce (HOROVOD_HIERARCHICAL_ALLREDUCE=1), inside a node at "
+                        "the rate the probe measured there")
     p.add_argument("--hierarchical-gbps", type=float, metavar="GBPS",
-                   help="Horovod's hierarchical allreduce (HOROVOD_HIERARCHICAL_ALLREDUCE=1), with this "
-                        "rate inside a node, Gbit/s")
+                   help="the same, with this rate inside a node, Gbit/s")
     args = p.parse_args(argv)
 
     def fail(message):  # one line, as the trainers' errors
         print(f"predict: error: {message}", file=sys.stderr)
         sys.exit(2)
-    if args.hierarchical_gbps is not None and args.port != "horovod":
-        fail("--hierarchical-gbps is Horovod's (HOROVOD_HIERARCHICAL_ALLREDUCE); DDP's NCCL picks its own algorithm")
+    hierarchical = args.hierarchical or args.hierarchical_gbps is not None
+    if hierarchical and args.port != "horovod":
+        fail("--hierarchical is Horovod's (HOROVOD_HIERARCHICAL_ALLREDUCE); DDP's NCCL picks its own algorithm")
     if args.nodes < 1 or args.gpus_per_node < 1 or args.batches_per_allreduce < 1:
         fail("--nodes, --gpus-per-node and --batches-per-allreduce must be positive")
     if args.probe:
@@ -177,14 +181,21 @@ def main(argv=None):
         profile = layer_profile.measure(args.arch, args.batch)
         probe = {"profile": profile, "tensor_bytes": [b for layer in profile["layers"] for b in layer["bytes"]]}
         link = args.link_gbps * 1e9
+    intra = None
+    if hierarchical:
+        node = probe.get("node") or {}
+        if args.hierarchical_gbps is None and not node:
+            fail("--hierarchical needs a probe run with 2 or more processes on each of 2 or more hosts "
+                 "(its node's ring), or --hierarchical-gbps")
+        intra = (args.hierarchical_gbps * 1e9 if args.hierarchical_gbps is not None else node["bandwidth_bps"],
+                 node.get("latency_s", 0.0))
     path = args.grad_allreduce
     if path == "auto":  # as the port chooses (training/ports/hvd_port.py)
         path = "hooks" if not args.compile else "one" if args.nodes == 1 else "regions"
     step_s = args.step_ms / 1e3 if args.step_ms else None
     point, params, times, notes = job_point(
         probe, args.nodes, args.gpus_per_node, step_s, args.port, path, args.compile, args.fp16_allreduce,
-        args.batches_per_allreduce, args.cycle_ms / 1e3 if args.cycle_ms else None, link,
-        args.hierarchical_gbps * 1e9 if args.hierarchical_gbps else None)
+        args.batches_per_allreduce, args.cycle_ms / 1e3 if args.cycle_ms else None, link, intra)
     rows = terms(point, params, probe, times, path)
     step = sum(s for _, s, _ in rows)
     what = f"{args.port}" + (f" --compile ({path})" if args.compile else f" ({path})" if args.port == "horovod"

@@ -42,9 +42,11 @@ has ended, so the backward pass hides what it can of them. Assumptions, each a s
   (44.7 MB, 25 Gbit/s) took 2.8% and 5.4% longer than the ring's 2 (N - 1) / N at 4 and 8
   hosts, scaled from 2. Emulated training at 2 to 16 hosts fits a spread of 0.005
   (benchmarks/figures/probe_vs_emulator_error.py), and FITTED keeps 0.
-- **Hierarchical allreduce** (`nodes`, `intra_bps`: HOROVOD_HIERARCHICAL_ALLREDUCE) is a ring of
-  nodes between two steps inside each node (message_s). It is modelled, not checked: the
-  emulator's gloo has no hierarchical path. NCCL's tree algorithm is not modelled.
+- **Hierarchical allreduce** (`nodes`, `intra_bps`, `intra_latency_s`: HOROVOD_HIERARCHICAL_ALLREDUCE)
+  is a ring of nodes between two steps inside each node (message_s). Checked on namespace hosts
+  of 2 processes each against the algorithm composed of Horovod's own collectives
+  (benchmarks/figures/hierarchical_allreduce_error.py): gloo has no hierarchical path of its
+  own. NCCL's tree algorithm is not modelled.
 
 `fit` chooses (efficiency, latency, spread) to minimise the largest relative error of the
 step time over the points given; `step_s` applies them. Two parameters, (efficiency,
@@ -81,14 +83,15 @@ def ready_times(point):
     return [(point["backward_s"] * (i + 1) / len(tensors), b) for i, b in enumerate(tensors)]
 
 
-def message_s(n, nbytes, rate_bps, params, fp16=False, nodes=None, intra_bps=None):
+def message_s(n, nbytes, rate_bps, params, fp16=False, nodes=None, intra_bps=None, intra_latency_s=0.0):
     """Seconds of one allreduce message of nbytes (fp32) over n processes: a flat ring, or with
     `nodes` (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE, n / nodes processes a node) a reduce-scatter
     inside each node over its internal links (intra_bps, at the fitted efficiency), a ring across
     the nodes in which each of a node's processes sends its share, and an allgather inside the
-    node. The node's link carries 2 (nodes - 1) / nodes of the bytes, about what a flat ring's
-    2 (n - 1) / n makes it carry; what the hierarchy saves is the ring's length, so its stretch
-    grows with log2(nodes), not log2(n), and it costs the two steps inside the node."""
+    node. The node's link carries 2 (nodes - 1) / nodes of the bytes, less than a flat ring's
+    2 (n - 1) / n (which crosses it twice per node); the hierarchy's ring is also shorter, so
+    its stretch grows with log2(nodes), not log2(n). It costs the two steps inside the node: a
+    ring allreduce's bytes over the node's links and intra_latency_s."""
     efficiency, latency = params[:2]
     spread = params[2] if len(params) > 2 else 0.0
     nbytes = nbytes * (0.5 if fp16 else 1.0)
@@ -97,7 +100,7 @@ def message_s(n, nbytes, rate_bps, params, fp16=False, nodes=None, intra_bps=Non
     inside = 0.0
     if nodes is not None and n > nodes:
         per_node = n / nodes
-        inside = 2 * (per_node - 1) / per_node * nbytes * 8 / (intra_bps * efficiency)
+        inside = intra_latency_s + 2 * (per_node - 1) / per_node * nbytes * 8 / (intra_bps * efficiency)
     return latency + wire * (1 + spread * math.log2(max(ring, 2) / 2)) + inside
 
 
@@ -172,8 +175,8 @@ def horovod_step_s(point, ready, send, phase):
 def step_s(point, params):
     """The model's step time for a point: a dict with n, tensors (fp32 bytes of each gradient,
     in the model's parameter order), rate_bps, compute_s and backward_s (one batch, measured);
-    optional: ready, k, fp16, fusion, compiled, port, cycle_s, and nodes with intra_bps for
-    Horovod's hierarchical allreduce (message_s)."""
+    optional: ready, k, fp16, fusion, compiled, port, cycle_s, and nodes with intra_bps and
+    intra_latency_s for Horovod's hierarchical allreduce (message_s)."""
     k_compute = point.get("k", 1) * point["compute_s"]
     if point["n"] < 2:
         return k_compute
@@ -181,7 +184,7 @@ def step_s(point, params):
 
     def send(nbytes):
         return message_s(point["n"], nbytes, point["rate_bps"], params, point.get("fp16", False),
-                         point.get("nodes"), point.get("intra_bps"))
+                         point.get("nodes"), point.get("intra_bps"), point.get("intra_latency_s", 0.0))
     if point.get("port", "horovod") == "ddp":
         return k_compute + max(0.0, ddp_end(ready, send) - point["backward_s"])
     cycle = point.get("cycle_s", CYCLE_S)

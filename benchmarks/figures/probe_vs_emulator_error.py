@@ -44,14 +44,6 @@ FULL = dict(hosts=(2, 4, 8, 16), steps=3, warmup=1, repeats=3, probe_steps=2)
 QUICK = dict(hosts=(2, 4), steps=2, warmup=1, repeats=1, probe_steps=1)
 
 
-class First:
-    """The first n hosts of an emulated cluster, as tools/emulate.py's launch uses hosts."""
-
-    def __init__(self, hosts, n):
-        self.n, self.env, self.on, self.script = n, hosts.env, hosts.on, hosts.script
-        self.vars = dict(hosts.vars, CLUSTER_HOSTS=",".join(hosts.vars["CLUSTER_HOSTS"].split(",")[:n]))
-
-
 def probe(hosts, cfg, folder):
     """tools.allreduce across every host: its JSON (real seconds and bits per second)."""
     path = os.path.join(folder, "probe.json")
@@ -92,7 +84,7 @@ def run(cfg, ctx):
                 + f"; spread {found['spread']}")
             points = []
             for n in cfg["hosts"]:
-                points += emulated_points(First(hosts, n), n, d, shaped, [("horovod", True, [(ARCH, "default")])],
+                points += emulated_points(hosts.first(n), n, d, shaped, [("horovod", True, [(ARCH, "default")])],
                                           profs, steps)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
