@@ -55,7 +55,8 @@ def main(argv=None):
         return model, test
 
     rundir.hold(args, reports)  # from here on, this run writes into its folder
-    log = runlog.RunLog(args, reports, world.size, start["history"], start["epoch"])
+    log = runlog.RunLog(args, reports, world.size, start["history"], start["epoch"],
+                        start["tracking"])
     best_acc = start["best_acc"]
     for epoch in range(start["epoch"], cli.last_epoch(args)):
         if utils.target_reached(args, log.history):  # --target-acc: an epoch reached it
@@ -66,7 +67,7 @@ def main(argv=None):
         is_best, best_acc = test["acc"] > best_acc, max(best_acc, test["acc"])
         history = log.add(epoch, train, test, seconds)  # the epoch's line and metrics row
         state = checkpoints.checkpoint_state(args, model, optimizer, scaler, schedule, epoch + 1,
-                                             best_acc, world.size, history)
+                                             best_acc, world.size, history, log.tracking)
         with launch.stops_held():  # a stop signal waits for both
             checkpoints.save(args, state, is_best, reports)
             log.write()  # metrics.csv after the checkpoint that holds its rows

@@ -54,7 +54,8 @@ def main(argv=None):
         model=model, optimizer=optimizer,
         epoch=start["epoch"],  # the next epoch; with the seed, it fixes data order and augmentation
         best_acc=start["best_acc"], history=start["history"], schedule=schedule.state_dict(),
-        scaler=scaler.state_dict(), optimizer_state=start["optimizer_state"], error=error)
+        scaler=scaler.state_dict(), optimizer_state=start["optimizer_state"], error=error,
+        tracking=start["tracking"])
     worker.reset()
     state.register_reset_callbacks([worker.reset])
     train_model = utils.training_model(args, model, optimizer)
@@ -103,7 +104,9 @@ def run_epochs(state, worker, train_model, optimizer, scaler, schedule):
         scaler.load_state_dict(state.scaler)
     schedule.load_state_dict(state.schedule)
     schedule.scale = world.lr_scale  # linear scaling by this world's size
-    log = worker.start(state.epoch, state.history)
+    log = worker.start(state.epoch, state.history, state.tracking)
+    # The MLflow run rank 0 logs to, on every worker: a later rank 0 continues it.
+    state.tracking = hvd.broadcast_object(log.tracking, 0, name="tracking")
     train_loader, test_loader = worker.loaders
     for epoch in range(state.epoch, cli.last_epoch(args)):
         if utils.target_reached(args, log.history):  # --target-acc: an epoch reached it
@@ -115,7 +118,8 @@ def run_epochs(state, worker, train_model, optimizer, scaler, schedule):
         is_best, best_acc = test["acc"] > state.best_acc, max(state.best_acc, test["acc"])
         history = log.add(epoch, train, test, seconds)
         ckpt = checkpoints.checkpoint_state(args, state.model, optimizer, scaler, schedule,
-                                            epoch + 1, best_acc, world.size, history)
+                                            epoch + 1, best_acc, world.size, history,
+                                            state.tracking)
         with launch.stops_held():  # a stop signal waits for both
             checkpoints.save(args, ckpt, is_best, world.reports)
             log.write()
@@ -169,7 +173,7 @@ class Worker:
         self.loaders = utils.make_loaders(self.args, *self.sets, self.device, self.world)
         self.close_log()  # rank 0 may be another process now
 
-    def start(self, epoch, history):
+    def start(self, epoch, history, tracking):
         """This world begins training at `epoch` with the committed history: its RunLog."""
         if self.first_epoch is None:
             self.first_epoch = epoch
@@ -178,7 +182,8 @@ class Worker:
                   f"continuing at epoch {epoch + 1}", flush=True)
         self.size = self.world.size
         self.close_log()
-        self.log = runlog.RunLog(self.args, self.world.reports, self.world.size, history, epoch)
+        self.log = runlog.RunLog(self.args, self.world.reports, self.world.size, history, epoch,
+                                 tracking)
         return self.log
 
     def close_log(self, final=False):

@@ -121,9 +121,10 @@ PY
     while read -r req; do
         name=${req%%[=<> ]*}
         # ruff lints (make lint), .ci/run brings its own; kubernetes-validate checks the Kubernetes
-        # manifests (tests/test_kubernetes.py). A machine or an image that trains does without them.
+        # manifests (tests/test_kubernetes.py), mlflow is the tests' server (--mlflow needs only
+        # mlflow-skinny). A machine or an image that trains does without them.
         case "$name" in
-            torch|torchvision|ruff|kubernetes-validate|'') continue ;;
+            torch|torchvision|ruff|kubernetes-validate|mlflow|'') continue ;;
             mpi4py) [ "$WITH_MPI" = 1 ] || continue ;;
         esac
         "$PY" -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "$name" 2>/dev/null && continue

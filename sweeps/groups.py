@@ -37,16 +37,7 @@ def run_job(per_run, prepare, source, train, summarize):
       every rank."""
     from mpi4py import MPI
     world = MPI.COMM_WORLD
-    prepared = None
-    if world.Get_rank() == 0:
-        try:
-            prepared = prepare()
-        except TrainerError as e:
-            prepared = e
-    prepared = world.bcast(prepared, root=0)
-    if isinstance(prepared, TrainerError):
-        prepared.every_rank = True  # now every rank's: rank 0 alone says it
-        raise prepared
+    prepared = on_rank0(prepare)
     take_host_share(*node_slot())
     group, index, ranks = split(world, per_run)
     taker = source(index, prepared) if group.Get_rank() == 0 else None
@@ -60,6 +51,40 @@ def run_job(per_run, prepare, source, train, summarize):
     group.Free()
     if failure:
         raise RunsFailed(failure)
+
+
+def on_rank0(fn):
+    """fn() on world rank 0, and what it returned on every rank; a TrainerError it raised ends
+    the job on every rank, rank 0 alone saying it."""
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    out = None
+    if world.Get_rank() == 0:
+        try:
+            out = fn()
+        except TrainerError as e:
+            out = e
+    out = world.bcast(out, root=0)
+    if isinstance(out, TrainerError):
+        out.every_rank = True  # now every rank's: rank 0 alone says it
+        raise out
+    return out
+
+
+def nested(args, argv):
+    """main_sweep.py's MLflow run, where --mlflow asks for one (tracking.parent_run): (its
+    Tracker on world rank 0, else None; argv with --mlflow-parent for every run or trial)."""
+    from mpi4py import MPI
+
+    from training.run import tracking
+    parent = {}
+
+    def start():
+        parent["tracker"] = tracking.parent_run(args, MPI.COMM_WORLD.Get_size())
+        return parent["tracker"].run_id if parent["tracker"] else None
+    run_id = on_rank0(start)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return parent.get("tracker"), argv + ["--mlflow-parent", run_id] if run_id else argv
 
 
 def check_controller(flag="--sweep"):

@@ -65,8 +65,8 @@ def trial_argv(args, argv, number, values, epoch):
 
 def alone_argv(args, argv, values, folder):
     """The flags that retrain a trial alone with main_horovod.py, in `folder`: the job's, less
-    its folder and the flags the trial sets, then the trial's values."""
-    replaced = ["--checkpoint-dir", *(f"--{flag}" for flag, _ in values)]
+    its folder, the flags the trial sets and the job's MLflow run, then the trial's values."""
+    replaced = ["--checkpoint-dir", "--mlflow-parent", *(f"--{flag}" for flag, _ in values)]
     kept = flags.without(flags.run_flags(argv), replaced)
     return [*kept, *(f"--{flag}={value}" for flag, value in values), "--checkpoint-dir", folder]
 
@@ -95,12 +95,16 @@ def run(main, args, argv):
         raise UsageError("--search needs optuna, which this environment lacks: run `make setup` "
                          "where pip reaches a package index, or `pip install optuna`") from None
     per_run = check_search(args, argv, MPI.COMM_WORLD.Get_size())
+    parent, argv = groups.nested(args, argv)  # the search's MLflow run, with --mlflow
 
     def train(group, study, trial, ranks):
         train_trial(main, args, argv, group, study, *trial)
 
     def failure(outcomes):
-        if not summarize(args, argv, per_run):
+        completed = summarize(args, argv, per_run)
+        if parent is not None:
+            parent.finish(args.checkpoint_dir, files=("search.csv", "search.png"))
+        if not completed:
             return (f"none of the {args.trials} trials completed (their errors are above, and "
                     f"their rows in {os.path.join(args.checkpoint_dir, 'search.csv')})")
         return None

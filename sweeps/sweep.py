@@ -62,6 +62,7 @@ def run(main, args, argv):
     (summarize); RunsFailed where a run failed."""
     from mpi4py import MPI
     runs, per_run = check_sweep(args, argv, MPI.COMM_WORLD.Get_size())
+    parent, argv = groups.nested(args, argv)  # the sweep's MLflow run, with --mlflow
     queue = RunQueue(args.checkpoint_dir)
 
     def train(group, grid, run, ranks):
@@ -70,7 +71,7 @@ def run(main, args, argv):
                     ranks=ranks)
 
     groups.run_job(per_run, queue.reset, lambda index, prepared: Grid(runs, queue), train,
-                   lambda outcomes: summarize(args, runs, outcomes))
+                   lambda outcomes: summarize(args, runs, outcomes, parent))
 
 
 def check_sweep(args, argv, processes):
@@ -109,12 +110,15 @@ class Grid:
         return self.runs[index] if index < len(self.runs) else None
 
 
-def summarize(args, runs, outcomes):
+def summarize(args, runs, outcomes, parent=None):
     """World rank 0, once every run has ended: sweep.csv, the table and sweep.png, in the order
-    of the --sweep lists; why the job failed (how many runs did), or None."""
+    of the --sweep lists, also in the sweep's MLflow run (`parent`) where there is one; why the
+    job failed (how many runs did), or None."""
     order = {name: i for i, (name, _) in enumerate(runs)}
     rows = sorted(outcomes, key=lambda o: order[o["run"]])
     report.write_grid(args.checkpoint_dir, [flag for flag, _ in args.sweep], rows)
+    if parent is not None:
+        parent.finish(args.checkpoint_dir, files=("sweep.csv", "sweep.png"))
     failed = sum(not r["status"].startswith("finished") for r in rows)
     summary = os.path.join(args.checkpoint_dir, "sweep.csv")
     return (f"{failed} of {len(runs)} runs failed (their errors are above, and their rows in "

@@ -26,9 +26,10 @@ from training.run import data  # noqa: E402
 # daemons and links, and one worker at a time left a core idle. Tests that share something
 # across a module run on one worker, one after another: the namespace hosts' link-local subnets
 # and Slurm daemons (and one_host_np2, which they all compare with), and real CIFAR-10 written
-# once. Every other test is a unit of its own, sent to whichever worker is free.
+# once, and the MLflow server of test_tracking. Every other test is a unit of its own, sent to
+# whichever worker is free.
 ONE_WORKER = {"test_multihost": "hosts", "test_slurm": "hosts", "test_container": "hosts",
-              "test_real_data": "real_data"}
+              "test_real_data": "real_data", "test_tracking": "mlflow"}
 # Tests that time a link or a sleep, which a second worker's load would skew: marked `alone`,
 # and `make test` runs them after the others, by themselves.
 ALONE = {"test_scaling", "test_emulate"}

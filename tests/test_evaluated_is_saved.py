@@ -42,8 +42,10 @@ def test_logged_test_figures_are_the_saved_models(port, data_dir, tmp_path):
     assert_ok(train(port, data_dir, ck))
     rows = read_metrics(ck)
     assert len(rows) == ARGS["epochs"]
-    for name in ("ckpt.pth", "best.pth"):
-        epoch = load_ckpt(ck / name)["epoch"]
+    epochs = {name: load_ckpt(ck / name)["epoch"] for name in ("ckpt.pth", "best.pth")}
+    # best.pth saved at the last epoch is the state ckpt.pth holds: evaluated once.
+    for name in ["ckpt.pth"] + (["best.pth"] if epochs["best.pth"] != epochs["ckpt.pth"] else []):
+        epoch = epochs[name]
         row = rows[epoch - 1]
         r = assert_ok(run_main(["--evaluate", "--checkpoint", ck / name,
                                 *common_args(data_dir, ck, **ARGS)[:-2], *DATA, "--arch", "mobilenet"]))

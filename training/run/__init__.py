@@ -9,6 +9,7 @@ imports only from this package and base/:
   checkpoints  what a run saves, every save of it, and where a run starts
   rundir       the run folder: checked before a run, held by one run at a time
   runlog       what a run reports: lines, metrics.csv, TensorBoard, curves
+  tracking     the run in MLflow (--mlflow), continued across restarts
   phases       the step's phases timed (--profile-steps)
   divergence   the guard that stops a run whose numbers stop being finite
   launch       a process's rank before init, stop signals, one-line exits

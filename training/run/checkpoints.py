@@ -56,13 +56,15 @@ def unwrap(model):
 
 
 def checkpoint_state(args, model, optimizer, scaler, schedule, next_epoch, best_acc, world_size,
-                     history):
-    """Everything a resume needs; tensors contiguous, so it loads alike under either layout."""
+                     history, tracking=None):
+    """Everything a resume needs; tensors contiguous, so it loads alike under either layout.
+    `tracking`: the run's tracker's state (the MLflow run it continues, tracking.py), or None."""
     return {"format": FORMAT, "model": contiguous_state(unwrap(model).state_dict()),
             "optimizer": contiguous_state(optimizer.state_dict()),
             "schedule": schedule.state_dict(), "scaler": scaler.state_dict(), "epoch": next_epoch,
             "best_acc": best_acc, "arch": args.arch, "num_classes": len(data.CLASSES),
-            "world_size": world_size, "args": dict(vars(args)), "history": list(history)}
+            "world_size": world_size, "args": dict(vars(args)), "history": list(history),
+            "tracking": tracking}
 
 
 def save(args, state, is_best, reports):
@@ -157,7 +159,7 @@ def fresh_start(args):
     """Where a run without a checkpoint starts."""
     return {"epoch": 0, "best_acc": 0.0,
             "schedule": first_schedule(args),
-            "history": [], "optimizer_state": False, "scaler": None}
+            "history": [], "optimizer_state": False, "scaler": None, "tracking": None}
 
 
 def restore(args, model, optimizer, reports=True):
@@ -208,11 +210,12 @@ def apply_start(start, model, optimizer, arch):
 
 def saved_start(args, ckpt):
     """Where the checkpoint left off: its next epoch, best accuracy, schedule, history (up to
-    that epoch) and GradScaler state."""
+    that epoch), GradScaler state and the tracker's state."""
     return {"epoch": ckpt["epoch"], "best_acc": ckpt.get("best_acc", 0.0),
             "schedule": saved_schedule(args, ckpt),
             "history": [r for r in ckpt.get("history", []) if r["epoch"] <= ckpt["epoch"]],
-            "optimizer_state": False, "scaler": ckpt.get("scaler")}
+            "optimizer_state": False, "scaler": ckpt.get("scaler"),
+            "tracking": ckpt.get("tracking")}
 
 
 def read_checkpoint(args, path):

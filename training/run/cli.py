@@ -21,7 +21,7 @@ import models
 from training.base import recipe
 from training.base.errors import UsageError
 from training.base.recipe import RECIPE
-from training.run import data
+from training.run import data, tracking
 
 FAST = recipe.RECIPES["fast"]
 GRAD_ALLREDUCE = ("auto", "hooks", "one", "regions")
@@ -110,6 +110,13 @@ def build_parser(doc):
     a("--checkpoint", default=None,
       help="file that --resume and --evaluate read (default: CHECKPOINT_DIR/ckpt.pth); "
            "pytorch-cifar checkpoints are accepted too")
+    a("--mlflow", default=None, metavar="URI",
+      help="also log the run to MLflow at URI (a server's http://HOST:PORT, a folder, "
+           "sqlite:///FILE): flags, each epoch's metrics.csv row, curves.png; a resumed run "
+           "continues its MLflow run (default: MLFLOW_TRACKING_URI where set; needs "
+           f"{tracking.INSTALL})")
+    a("--mlflow-log-model", action="store_true", help="with MLflow, also log best.pth at the end")
+    a("--mlflow-parent", default=None, help=argparse.SUPPRESS)  # main_sweep.py's parent run
     a("-r", "--resume", action="store_true", help="continue from the checkpoint")
     a("--auto-resume", action="store_true",
       help="continue from CHECKPOINT_DIR/ckpt.pth when it exists, else start fresh: one command "
@@ -246,6 +253,7 @@ def parse_args(parser, argv=None):
         raise UsageError("--cutout is done by the device loader; drop --loader torchvision or "
                          "--cutout")
     data.check_synthetic_size(args.synthetic_size)
+    tracking.check_flags(args)
     if args.arch not in models.MODELS:
         raise UsageError(f"unknown --arch {args.arch!r}; choose one of: "
                          + ", ".join(sorted(models.MODELS)))

@@ -1,5 +1,5 @@
 """What a run reports: progress, epoch lines, metrics.csv, TensorBoard (its scalars, and its
-HPARAMS tab's settings and final figures) and curves.png.
+HPARAMS tab's settings and final figures), curves.png, and MLflow where asked (tracking.py).
 Checkpoints are saved by checkpoints.py, and the step's phases timed by phases.py, not here.
 
 Every reporter here takes `reports` (rank 0 is a value): the other ranks build
@@ -12,6 +12,7 @@ import sys
 
 from training.base import safeio
 from training.base.safeio import atomic_write
+from training.run import tracking as tracking_mod
 
 METRICS_COLUMNS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc",
                    "epoch_time_s", "train_time_s", "images_per_s", "world_size")
@@ -59,16 +60,26 @@ class RunLog:
     """The epoch lines, metrics.csv, TensorBoard and curves.png of a run. Only the process
     with reports=True writes; every process keeps the history."""
 
-    def __init__(self, args, reports, world_size, history, first_epoch=0):
+    def __init__(self, args, reports, world_size, history, first_epoch=0, tracking=None):
         """first_epoch: the 0-based epoch this run starts at; TensorBoard drops the events
-        a crashed run wrote after it."""
+        a crashed run wrote after it. tracking: the checkpoint's tracker state (the MLflow run
+        to continue), where there is one."""
         self.args, self.reports, self.world_size = args, reports, world_size
         self.history = with_train_time(history)
         self.dir = args.checkpoint_dir
-        self._tb = None
+        self._tb = self._tracker = None
+        self._tracking = tracking
         if reports:  # into the folder the run holds (rundir.hold made it)
             from torch.utils.tensorboard import SummaryWriter  # lazy: heavy import
             self._tb = SummaryWriter(os.path.join(self.dir, "tb"), purge_step=first_epoch + 1)
+            if tracking_mod.uri_of(args):
+                self._tracker = tracking_mod.Tracker(args, world_size, self.history, tracking,
+                                                     getattr(args, "mlflow_parent", None))
+
+    @property
+    def tracking(self):
+        """What the checkpoint keeps of the run's tracking: the MLflow run it logs to."""
+        return self._tracker.state if self._tracker is not None else self._tracking
 
     def add(self, epoch, train, test, seconds):
         """Print the epoch's line and add its row; returns the history, for the checkpoint."""
@@ -98,6 +109,8 @@ class RunLog:
         for k in ("lr", "train_loss", "train_acc", "test_loss", "test_acc", "images_per_s"):
             self._tb.add_scalar(k, row[k], row["epoch"])
         self._tb.flush()
+        if self._tracker is not None:
+            self._tracker.log_epochs([row])
 
     def write_csv(self):
         path = os.path.join(self.dir, "metrics.csv")
@@ -114,6 +127,8 @@ class RunLog:
             plot_curves(self.history, os.path.join(self.dir, "curves.png"))
             write_hparams(self.args, self.history, self.world_size,
                           os.path.join(self.dir, "tb", "hparams"))
+        if final and self._tracker is not None:
+            self._tracker.finish(self.dir, getattr(self.args, "mlflow_log_model", False))
         target = self.args.target_acc
         if final and target is not None:
             print(target_line(self.history, target), flush=True)
