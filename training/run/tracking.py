@@ -93,6 +93,9 @@ class Tracker:
     def __init__(self, args, world_size, history, state=None, parent=None):
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+        # MLflow's own "View run" line at every end (a search's trial ends each epoch): the run
+        # says where it logs once, as it starts.
+        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "1")
         try:
             from mlflow.entities import Metric, Param, RunTag
             from mlflow.tracking import MlflowClient
@@ -108,6 +111,7 @@ class Tracker:
         try:
             if self.run_id is None:
                 self.run_id = self._create(parent)
+                print(f"mlflow: logging to run {self.run_id} at {self.uri}", flush=True)
             else:
                 sent = {m.step for m in self.client.get_metric_history(self.run_id, "test_acc")}
             self._send_params()
