@@ -107,6 +107,7 @@ class Tracker:
         self.client = MlflowClient(tracking_uri=self.uri)
         self.run_id = (state or {}).get("mlflow_run_id")
         self.failing = False  # the server did not answer the last request
+        self.spent, self.logged = 0.0, 0  # seconds in log_epochs, epochs it was given
         self.world_size, self.params_due, sent = world_size, True, set()
         try:
             if self.run_id is None:
@@ -158,8 +159,11 @@ class Tracker:
 
     def log_epochs(self, rows):
         """Add the rows to what is to be sent, and send it all if the server answers."""
+        t0 = time.perf_counter()
         self.pending += list(rows)
+        self.logged += len(rows)
         self.flush()
+        self.spent += time.perf_counter() - t0
 
     def flush(self):
         """Send the epochs kept; True when none is left."""
@@ -206,6 +210,9 @@ class Tracker:
                     where = "checkpoint" if name == "best.pth" else None
                     self.client.log_artifact(self.run_id, path, where)
             self.client.set_terminated(self.run_id, "FINISHED")
+            if self.logged:
+                each = self.spent / self.logged * 1e3
+                print(f"mlflow: {self.logged} epochs logged, {each:.1f} ms an epoch", flush=True)
         except Exception as e:
             print(f"mlflow: {self.uri} did not take the run's files ({_short(e)}); they are in "
                   f"{folder}", file=sys.stderr, flush=True)
