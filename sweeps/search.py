@@ -33,7 +33,7 @@ from sweeps import flags, groups, report
 from sweeps.headed import headed
 from training.base import safeio
 from training.base.errors import TrainerError, UsageError
-from training.run import cli, launch
+from training.run import cli, launch, tracking
 
 STUDY = "study.journal"  # in CHECKPOINT_DIR: the study, Optuna's journal
 COPY = ".bak"  # STUDY + COPY: the study as it was when the job that holds it started
@@ -330,6 +330,7 @@ class Study:
                 why = next((w for w in failed if w != groups.RUN_PEER_FAILED), failed[0])
                 trial.set_user_attr("fail_reason", f"epoch {epoch}: {why}")
                 self.study.tell(number, state=TrialState.FAIL)
+                tracking.end_trial(trial_folder(self.args, number), "FAIL")
                 print(f"failed in epoch {epoch} (the error above); the search goes on",
                       flush=True)
                 return "failed"
@@ -337,10 +338,12 @@ class Study:
             trial.report(acc, epoch)
             if epoch == self.args.epochs:
                 self.study.tell(number, acc)
+                tracking.end_trial(trial_folder(self.args, number), "COMPLETE")
                 print(f"complete: test acc {acc:.4f} after epoch {epoch}", flush=True)
                 return "complete"
             if trial.should_prune():
                 self.study.tell(number, state=TrialState.PRUNED)
+                tracking.end_trial(trial_folder(self.args, number), "PRUNED")
                 print(f"pruned after epoch {epoch} of {self.args.epochs}: test acc {acc:.4f}",
                       flush=True)
                 return "pruned"

@@ -23,10 +23,16 @@ import urllib.request
 
 import pytest
 
+try:
+    from mlflow.tracking import MlflowClient
+except ImportError:  # make setup installs it; without it the study is not tracked
+    MlflowClient = None
+
 from helpers import (
     BIN,
     ONE_THREAD,
     PY,
+    MlflowServer,
     assert_ok,
     assert_states_equal,
     common_args,
@@ -60,11 +66,24 @@ def trials(ck):
 
 
 @pytest.fixture(scope="module")
-def study(data_dir, tmp_path_factory):
+def mlflow_server(tmp_path_factory):
+    """A real MLflow server the study logs to, where MLflow is installed (make setup's)."""
+    if MlflowClient is None:
+        yield None
+        return
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def study(data_dir, tmp_path_factory, mlflow_server):
     ck = tmp_path_factory.mktemp("search") / "ck"
     args = [*common_args(data_dir, ck, epochs=EPOCHS), *SPACE, "--trials", 6, "--ranks-per-run", 1,
             "--pruner", "median", "--sampler", "random"]
-    r = run(search_cmd(2, args), timeout=300, env_extra=ONE_THREAD)
+    tracked = ["--mlflow", mlflow_server.uri] if mlflow_server else []
+    r = run(search_cmd(2, [*args, *tracked]), timeout=300, env_extra=dict(ONE_THREAD, MLFLOW_EXPERIMENT_NAME="study"))
     return ck, args, r
 
 
@@ -95,6 +114,21 @@ def test_six_trials_on_two_groups_each_complete_pruned_or_failed(study):
     assert (ck / "search.png").stat().st_size > 0
     assert f"study {ck / 'study.journal'}: 6 trials" in r.stdout
     assert f"watch the study: optuna-dashboard {ck / 'study.journal'}" in r.stdout
+
+
+def test_each_trial_is_an_mlflow_run_under_the_search_ended_as_optuna_ended_it(study, mlflow_server):
+    if mlflow_server is None:
+        skip_or_fail("MLflow is not installed here: make setup installs it (requirements.txt)")
+    ck, _, r = study
+    assert_ok(r)
+    client = MlflowClient(mlflow_server.uri)
+    runs = client.search_runs([client.get_experiment_by_name("study").experiment_id])
+    parent = next(x for x in runs if x.info.run_name == "ck" and "mlflow.parentRunId" not in x.data.tags)
+    children = {x.info.run_name: x for x in runs if x.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    ended = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}
+    got = {name: (x.data.tags.get("optuna.state"), x.info.status) for name, x in children.items()}
+    assert got == {f"trial-{t.number}": (t.state.name, ended[t.state.name]) for t in trials(ck)}, got
+    assert "search.csv" in {f.path for f in client.list_artifacts(parent.info.run_id)}
 
 
 def test_every_line_of_the_trials_names_its_trial(study):

@@ -4,21 +4,17 @@ its flags and every epoch; a run stopped by SIGTERM and continued by --auto-resu
 run, each epoch logged once; a server that stops answering stops no training, and what it missed
 reaches it when it answers again; a bad URI, or MLflow missing, is one line before any training.
 The tests share one server and run on one worker (conftest.ONE_WORKER)."""
-import os
 import signal
-import socket
-import subprocess
-import time
-import urllib.request
 
 import pytest
 
 from helpers import (
-    BIN,
     PY,
+    MlflowServer,
     assert_ok,
     assert_one_line_error,
     common_args,
+    free_port,
     horovod_cmd,
     load_ckpt,
     parse,
@@ -44,50 +40,11 @@ def client_side():
         skip_or_fail("MLflow is not installed here: make setup installs it (requirements.txt)")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """`mlflow server` on 127.0.0.1 with its store in `folder`: started, stopped (SIGKILL, by
-    its process group) and started again on the same port and store."""
-
-    def __init__(self, folder):
-        self.folder, self.port, self.proc = folder, free_port(), None
-        self.uri = f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout=120):
-        cmd = [os.path.join(BIN, "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port),
-               "--backend-store-uri", f"sqlite:///{self.folder}/mlflow.db",
-               "--artifacts-destination", str(self.folder / "artifacts"), "--workers", "1"]
-        log = open(self.folder / "server.log", "a")
-        self.proc = subprocess.Popen(cmd, cwd=self.folder, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, (self.folder / "server.log").read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(self.uri + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.3)
-        pytest.fail(f"mlflow server did not answer in {timeout}s:\n{(self.folder / 'server.log').read_text()[-3000:]}")
-
-    def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     if MlflowClient is None:
         skip_or_fail("MLflow is not installed here: make setup installs it (requirements.txt)")
-    s = Server(tmp_path_factory.mktemp("mlflow"))
+    s = MlflowServer(tmp_path_factory.mktemp("mlflow"))
     s.start()
     yield s
     s.stop()

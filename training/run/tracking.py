@@ -11,7 +11,7 @@ training run, written by the process that reports; the other ranks build nothing
   the run marked finished.
 - **main_sweep.py** is an MLflow run of its own (parent_run), with each run of a sweep and each
   trial of a search nested under it; sweep.csv and sweep.png (search.csv, search.png) are its
-  artifacts at the end.
+  artifacts at the end. A trial's run ends as Optuna ended the trial (end_trial).
 - **A server that stops answering** never stops training: the run says so in one line, keeps
   the epochs, and sends them when the server answers again, or at the end. A request waits at
   most MLFLOW_HTTP_REQUEST_TIMEOUT seconds (here 10 unless set) and is not retried.
@@ -35,6 +35,9 @@ METRICS = ("lr", "train_loss", "train_acc", "test_loss", "test_acc", "epoch_time
            "images_per_s", "world_size")  # runlog.METRICS_COLUMNS less the step
 BATCH = 900  # metrics per request (MLflow takes at most 1000)
 PARENT = ".mlflow-run.json"  # in main_sweep.py's CHECKPOINT_DIR: the MLflow run of the job
+# Optuna's end of a trial, as the trial's MLflow run ends (FINISHED where it completed).
+TRIAL_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}
+_last = {}  # the Tracker this process made last: a search's trial is marked through it
 
 
 def uri_of(args):
@@ -90,7 +93,7 @@ def params_of(args, world_size):
 class Tracker:
     """The MLflow run of one training run, on the process that reports (see the module)."""
 
-    def __init__(self, args, world_size, history, state=None, parent=None):
+    def __init__(self, args, world_size, history, state=None, parent=None, nests=False):
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
         os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
         # MLflow's own "View run" line at every end (a search's trial ends each epoch): the run
@@ -108,11 +111,13 @@ class Tracker:
         self.run_id = (state or {}).get("mlflow_run_id")
         self.failing = False  # the server did not answer the last request
         self.spent, self.logged = 0.0, 0  # seconds in log_epochs, epochs it was given
+        self.nests = nests  # main_sweep.py's run, which the runs are nested under
         self.world_size, self.params_due, sent = world_size, True, set()
         try:
             if self.run_id is None:
                 self.run_id = self._create(parent)
-                print(f"mlflow: logging to run {self.run_id} at {self.uri}", flush=True)
+                if not nests:  # main_sweep.py's run says where it is after the job's summary
+                    print(f"mlflow: logging to run {self.run_id} at {self.uri}", flush=True)
             else:
                 sent = {m.step for m in self.client.get_metric_history(self.run_id, "test_acc")}
             self._send_params()
@@ -123,6 +128,7 @@ class Tracker:
                     from None
             self._lost(e)
         self.pending = [r for r in history if r["epoch"] not in sent]
+        _last["tracker"] = self
 
     @property
     def state(self):
@@ -210,7 +216,10 @@ class Tracker:
                     where = "checkpoint" if name == "best.pth" else None
                     self.client.log_artifact(self.run_id, path, where)
             self.client.set_terminated(self.run_id, "FINISHED")
-            if self.logged:
+            if self.nests:  # main_sweep.py's run, after the job's summary
+                print(f"mlflow: the runs are nested under run {self.run_id} at {self.uri}",
+                      flush=True)
+            elif self.logged:
                 each = self.spent / self.logged * 1e3
                 print(f"mlflow: {self.logged} epochs logged, {each:.1f} ms an epoch", flush=True)
         except Exception as e:
@@ -230,10 +239,24 @@ def parent_run(args, world_size):
             state = json.load(f)
     except (OSError, ValueError):
         state = None
-    tracker = Tracker(args, world_size, [], state)
+    tracker = Tracker(args, world_size, [], state, nests=True)
     os.makedirs(args.checkpoint_dir, exist_ok=True)
     safeio.atomic_write(path, lambda f: f.write(json.dumps(tracker.state).encode()))
     return tracker
+
+
+def end_trial(folder, state):
+    """main_sweep.py --search, on the process that was rank 0 of a trial's last run: its MLflow
+    run ended as Optuna ended the trial (TRIAL_STATUS), with the tag optuna.state. Nothing
+    without --mlflow, or where that run was not this trial's (it failed before it logged)."""
+    tracker = _last.pop("tracker", None)
+    if tracker is None or os.path.abspath(tracker.args.checkpoint_dir) != os.path.abspath(folder):
+        return
+    try:
+        tracker.client.set_tag(tracker.run_id, "optuna.state", state)
+        tracker.client.set_terminated(tracker.run_id, TRIAL_STATUS[state])
+    except Exception as e:
+        tracker._lost(e)
 
 
 def _short(error):
