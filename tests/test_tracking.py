@@ -126,7 +126,8 @@ def test_a_server_that_stops_answering_stops_no_training_and_gets_what_it_missed
     t.log_epochs(rows[:1])
     assert not t.pending
     ckpt, env = tmp_path / "ckpt", {"MLFLOW_EXPERIMENT_NAME": "gone"}
-    job = jobs([PY, "main.py", *common_args(data_dir, ckpt, "--mlflow", server.uri, epochs=3)], env)
+    # Six epochs: the server stops while the run is in its first ones, on a slow machine too.
+    job = jobs([PY, "main.py", *common_args(data_dir, ckpt, "--mlflow", server.uri, epochs=6)], env)
     wait_until(lambda: runs_of(server.uri, "gone")[1], 120, "the MLflow run", job, interval=0.05)
     server.stop()  # from the run's first epoch on, nothing answers
     t.log_epochs(rows[1:2])
@@ -141,10 +142,10 @@ def test_a_server_that_stops_answering_stops_no_training_and_gets_what_it_missed
     assert "answers again; epochs 2-4 logged" in capsys.readouterr().out and not t.pending
     client = MlflowClient(server.uri)
     assert steps(client, t.run_id) == [1, 2, 3, 4]
-    assert_ok(run_main(common_args(data_dir, ckpt, "--mlflow", server.uri, "--auto-resume", epochs=4),
+    assert_ok(run_main(common_args(data_dir, ckpt, "--mlflow", server.uri, "--auto-resume", epochs=7),
                        env_extra=env))
     client, runs = runs_of(server.uri, "gone")
-    assert len(runs) == 1 and steps(client, runs[0].info.run_id) == [1, 2, 3, 4]
+    assert len(runs) == 1 and steps(client, runs[0].info.run_id) == [1, 2, 3, 4, 5, 6, 7]
 
 
 def test_a_bad_uri_is_one_line_before_any_training(client_side, data_dir, tmp_path):
