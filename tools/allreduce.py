@@ -231,8 +231,11 @@ def fit_line(n, points):
     sizes are those fused gradients have; the median is not moved by one slow size, nor by
     links that pass a small message at once and only then pace (a switch's buffer, a token
     bucket), which bend the line in between (a least-squares line through them can fit a
-    negative latency)."""
+    negative latency). Each time is first lowered to the fastest of the sizes at or above its
+    own: a larger message never takes less, so a smaller one that did was slowed by something
+    else (a late wake-up on a shared host), and its time would bend the slopes."""
     points = sorted((2 * (n - 1) / n * b * 8, s) for b, s in points)
+    points = [(x, min(t for _, t in points[i:])) for i, (x, _) in enumerate(points)]
     (x0, t0), large = points[0], points[1:][-3:]
     rates = [(x - x0) / (t - t0) for x, t in large if t > t0]
     if not rates:
