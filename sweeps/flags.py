@@ -46,6 +46,14 @@ def add_args(p):
     g.add_argument("--sampler", choices=("tpe", "random"), default="tpe",
                    help="how Optuna picks a trial's values, seeded by --seed: TPE, or at random "
                         "(default: %(default)s)")
+    g.add_argument("--storage", default=None, metavar="postgresql://USER@HOST/DB",
+                   help="keep the study in PostgreSQL instead of CHECKPOINT_DIR/study.journal: "
+                        "for jobs on several hosts at once, or a filesystem whose locks do not "
+                        "work across hosts (docs/MULTI_NODE.md)")
+    g.add_argument("--heartbeat", type=int, default=60, metavar="SECONDS",
+                   help="with --storage, how often a trial's group says it is alive; a trial "
+                        "silent for twice that is taken up by another group (default: "
+                        "%(default)s)")
     return p
 
 
@@ -55,7 +63,8 @@ SWEEPABLE = ("lr", "seed", "batch-size", "warmup-epochs", "arch", "epochs", "lab
 SEARCHABLE = {"lr": float, "weight-decay": float, "label-smoothing": float,
               "warmup-epochs": float, "batch-size": int, "arch": str}
 # main_sweep.py's own flags, each with a value: the flags its runs do not get.
-SWEEP_FLAGS = ("--sweep", "--ranks-per-run", "--search", "--trials", "--pruner", "--sampler")
+SWEEP_FLAGS = ("--sweep", "--ranks-per-run", "--search", "--trials", "--pruner", "--sampler",
+               "--storage", "--heartbeat")
 
 
 def run_flags(argv=None):
@@ -147,9 +156,13 @@ def check_search(args):
     """--search's flags, alone and with the others."""
     if args.trials is not None and args.trials <= 0:
         raise UsageError(f"--trials must be positive (got {args.trials})")
+    if args.heartbeat < 1:
+        raise UsageError(f"--heartbeat must be at least 1 second (got {args.heartbeat})")
     if not args.search:
         if args.trials is not None:
             raise UsageError("--trials counts the trials of a --search; add --search FLAG=LO:HI")
+        if args.storage:
+            raise UsageError("--storage keeps the study of a --search; add --search FLAG=LO:HI")
         return
     if args.sweep:
         raise UsageError("--search and --sweep do not go together: one job is a grid (--sweep) or "

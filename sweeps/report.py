@@ -164,15 +164,17 @@ def rows(trials, flags):
     return out
 
 
-def write_study(folder, flags, trials, retrain, dashboard):
-    """search.csv, the table on stdout, and search.png, for the study's `trials`; `retrain`,
-    the command that trains the best trial alone, `dashboard`, the one that shows the study.
-    Returns how many trials completed."""
+def write_study(folder, flags, trials, retrain, dashboard, where=None):
+    """search.csv, the table on stdout, and search.png, for the study's `trials` (kept at
+    `where`, by default CHECKPOINT_DIR/study.journal); `retrain`, the command that trains the
+    best trial alone, `dashboard`, the one that shows the study. Returns how many trials
+    completed."""
     table_rows = rows(trials, flags)
     columns = ["trial", "state", "value", *flags, "epochs", "best_test_acc", "train_time_s",
                "folder", "ranks", "reason"]
     safeio.atomic_write_csv(os.path.join(folder, "search.csv"), columns, table_rows)
-    print(study_table(table_rows, flags, folder, retrain, dashboard), flush=True)
+    where = where or os.path.join(folder, "study.journal")
+    print(study_table(table_rows, flags, where, retrain, dashboard), flush=True)
     plot_study(os.path.join(folder, "search.png"), table_rows)
     return sum(r["state"] == "complete" for r in table_rows)
 
@@ -181,12 +183,12 @@ def shown(value):
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def study_table(table_rows, flags, folder, retrain, dashboard):
+def study_table(table_rows, flags, where, retrain, dashboard):
     """The end of a search: the best completed trials, best first, and how many ended how."""
     counts = {}
     for r in table_rows:
         counts[r["state"]] = counts.get(r["state"], 0) + 1
-    lines = [f"study {os.path.join(folder, 'study.journal')}: {len(table_rows)} trials, "
+    lines = [f"study {where}: {len(table_rows)} trials, "
              + ", ".join(f"{n} {state}" for state, n in counts.items())]
     best = sorted((r for r in table_rows if r["state"] == "complete"), key=lambda r: -r["value"])
     if not best:

@@ -4,13 +4,13 @@ job.
     mpirun -np 8 python main_sweep.py --arch resnet18 --epochs 30 --trials 40 \\
         --search lr=log:0.01:1 --search weight-decay=log:1e-5:1e-3 --search arch=resnet18,vgg16
 
-The study is CHECKPOINT_DIR/study.journal, Optuna's JournalStorage over its file backend: a
-plain file on the folder every host sees, which optuna-dashboard reads. The job's processes
-form groups as a sweep's do (groups.py). A group's rank 0 takes the next trial (`Study.take`,
-under a file lock, so that the study never holds more than --trials): first a trial that an
-earlier job left running, else a new one asked of the study, its values drawn by the sampler;
-and it sends the trial to its group. Each trial is an ordinary main_horovod.py run of its group
-in CHECKPOINT_DIR/trial-<n>/, every line it prints headed by `trial <n>`.
+The study is CHECKPOINT_DIR/study.journal, a file optuna-dashboard reads, or a PostgreSQL
+database with --storage (store.py says which to use where). The job's processes form groups as a
+sweep's do (groups.py). A group's rank 0 takes the next trial (`Study.take`, under the store's
+lock, so that the study never holds more than --trials): first a trial that lost its group (an
+earlier job's, or a dead group's), else a new one asked of the study, its values drawn by the
+sampler; and it sends the trial to its group. Each trial is an ordinary main_horovod.py run of
+its group in CHECKPOINT_DIR/trial-<n>/, every line it prints headed by `trial <n>`.
 
 A trial is trained one epoch per call (--auto-resume --stop-at E), so that after each epoch
 its rank 0 reports the epoch's test accuracy to the study and the pruner decides, without a hook
@@ -20,28 +20,20 @@ checkpoint, so a stop signal, a requeue or the same command submitted again resu
 trials left running continue from their checkpoints under the same number, finished ones are
 never trained again. A trial that fails (a divergence, which ends a run alone with exit status
 3; a corrupt checkpoint) is told to the study as failed, its reason a user attribute, and the
-search goes on. One job at a time runs a study. World rank 0 sums the study up at the end
-(report.py).
+search goes on. One job at a time runs a journal's study, any number a database's. World rank 0
+sums the study up at the end (report.py).
 """
 import contextlib
 import json
 import os
 import shlex
 import sys
+import time
 
-from sweeps import flags, groups, report
+from sweeps import flags, groups, report, store
 from sweeps.headed import headed
-from training.base import safeio
-from training.base.errors import TrainerError, UsageError
+from training.base.errors import UsageError
 from training.run import cli, launch, tracking
-
-STUDY = "study.journal"  # in CHECKPOINT_DIR: the study, Optuna's journal
-COPY = ".bak"  # STUDY + COPY: the study as it was when the job that holds it started
-JOURNAL_LOCK = ".lock"  # STUDY + JOURNAL_LOCK: Optuna's lock file for an append
-STUDY_NAME = "search"
-HOLDER = ".study.lock"  # in CHECKPOINT_DIR: held by the job that runs the study
-TAKE_LOCK = ".search-take.lock"  # in CHECKPOINT_DIR: a trial is taken under it
-LEFT_RUNNING = ".search-left-running"  # in CHECKPOINT_DIR: trials an earlier job left running
 
 
 def trial_folder(args, number):
@@ -118,6 +110,8 @@ def check_search(args, argv, processes):
     on every rank alike, before any work: the controller, the flags of a trial at each end of
     every range and with each choice, the ranks per trial."""
     groups.check_controller("--search")
+    if args.storage:
+        store.check_storage(args.storage)
     parser = cli.add_horovod_args(cli.build_parser(""))
     first = [(axis.flag, str(axis.values[0])) for axis in args.search]
     for i, axis in enumerate(args.search):
@@ -131,13 +125,13 @@ def summarize(args, argv, per_run):
     """World rank 0, once every trial has ended: the study summed up (report.py), with
     the command that retrains its best trial alone. Returns how many trials completed."""
     import optuna
-    trials = optuna.load_study(study_name=STUDY_NAME, storage=journal(args)).get_trials()
+    kept = store.store_of(args)
+    trials = optuna.load_study(study_name=kept.name, storage=kept.storage()).get_trials()
     done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     best = max(done, key=lambda t: t.value, default=None)
     retrain = retrain_command(args, argv, best, per_run) if best else ""
-    dashboard = shlex.join(["optuna-dashboard", os.path.join(args.checkpoint_dir, STUDY)])
     return report.write_study(args.checkpoint_dir, [axis.flag for axis in args.search], trials,
-                               retrain, dashboard)
+                               retrain, shlex.join(kept.dashboard), kept.where)
 
 
 def retrain_command(args, argv, trial, per_run):
@@ -150,19 +144,6 @@ def retrain_command(args, argv, trial, per_run):
     return shlex.join(["mpirun", "-np", str(per_run), *cmd] if per_run > 1 else cmd)
 
 
-def journal(args):
-    """The study's storage: Optuna's journal in CHECKPOINT_DIR/study.journal, its appends
-    under a lock file beside it (O_EXCL, which NFS v3 and later make atomic). Without Optuna's
-    grace period, which breaks a lock held longer than 30 s: a filesystem that stalls longer
-    would let a second writer in, mid-line. A lock left by a process that died appending is
-    removed by the next job as it takes the study (open_study); no other job can be writing."""
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
-    path = os.path.join(args.checkpoint_dir, STUDY)
-    lock = JournalFileOpenLock(path, grace_period=None)
-    return JournalStorage(JournalFileBackend(path, lock_obj=lock))
-
-
 def quiet_optuna():
     """Optuna's own log lines off, and its warnings through the root logger, which writes to
     sys.stderr as it is when they come: inside a trial, headed by its name."""
@@ -173,68 +154,28 @@ def quiet_optuna():
 
 
 def open_study(args):
-    """World rank 0, before any work: refuse a study file that cannot be read or is of another
-    search space (nothing written), hold the study for this job, keep a copy of the study file as
-    it is (study.journal.bak), create the study or load it, and list the trials an earlier job
-    left running. Returns the number of trials the study held."""
+    """World rank 0, before any work: refuse a study that cannot be read or is of another search
+    space (nothing written), hold it for this job where the store needs that (store.py), create
+    the study or load it, and note the trials left running. Returns the number of trials the
+    study held."""
     import optuna
     quiet_optuna()
-    path = os.path.join(args.checkpoint_dir, STUDY)
+    kept = store.store_of(args)
     record = space_record(args.search)
-    if os.path.isfile(path):
-        try:
-            check_journal(path)
-            names = optuna.get_all_study_names(journal(args))
-            saved = (optuna.load_study(study_name=STUDY_NAME, storage=journal(args)).user_attrs
-                     if STUDY_NAME in names else None)
-        except Exception as e:  # Optuna's own errors, which name the line it could not read
-            copy = (f"restore it from {path}{COPY} (the copy made when the last job started), or "
-                    if os.path.isfile(path + COPY) else "")
-            raise TrainerError(f"cannot read the study {path} ({e}); {copy}choose another "
-                               "--checkpoint-dir") from e
-        if saved is None:
-            raise UsageError(f"{path} holds no study named {STUDY_NAME!r} (it has {names}); "
-                             "choose another --checkpoint-dir")
-        if saved.get("space") != record:
-            raise UsageError(f"{path} is a study of another search space "
-                             f"({space_text(saved.get('space', []))}); give those --search "
-                             "flags to continue it, or another --checkpoint-dir for a new study")
-    os.makedirs(args.checkpoint_dir, exist_ok=True)
-    holder = safeio.hold(os.path.join(args.checkpoint_dir, HOLDER), f"process {os.getpid()}")
-    if holder is not None:
-        raise UsageError(f"the study {path} is in use by another job ({holder or 'starting'}); "
-                         "wait for it to end, or choose another --checkpoint-dir")
-    with contextlib.suppress(FileNotFoundError):  # the journal's lock, left by a process that died
-        os.remove(path + JOURNAL_LOCK)
-    if os.path.isfile(path):  # read whole above: kept aside before this job writes to it
-        with open(path, "rb") as f:
-            kept = f.read()
-        safeio.atomic_write(path + COPY, lambda f: f.write(kept))
+    saved = kept.saved()
+    if saved is not None and saved.get("space") != record:
+        raise UsageError(f"{kept.where} is a study of another search space "
+                         f"({space_text(saved.get('space', []))}); give those --search "
+                         "flags to continue it, or another --checkpoint-dir for a new study")
+    kept.hold()
     with launch.stops_held():
-        study = optuna.create_study(study_name=STUDY_NAME, storage=journal(args),
+        study = optuna.create_study(study_name=kept.name, storage=kept.storage(),
                                     direction="maximize", load_if_exists=True)
         if "space" not in study.user_attrs:
             study.set_user_attr("space", record)
     trials = study.get_trials(deepcopy=False)
-    running = [t.number for t in trials if t.state == optuna.trial.TrialState.RUNNING]
-    safeio.atomic_write(os.path.join(args.checkpoint_dir, LEFT_RUNNING),
-                        lambda f: f.write(json.dumps(running).encode()))
+    kept.opened(trials)
     return len(trials)
-
-
-def check_journal(path):
-    """Raise ValueError, naming the line, where the study file holds a line that is not JSON or
-    ends in a line cut short. Optuna reads past a bad last line, and then appends after it, which
-    makes the file unreadable to every later reader: so a job that finds one writes nothing."""
-    with open(path, "rb") as f:
-        lines = f.read().split(b"\n")
-    if lines[-1]:
-        raise ValueError(f"line {len(lines)} was cut short")
-    for i, line in enumerate(lines[:-1], 1):
-        try:
-            json.loads(line)
-        except ValueError as e:
-            raise ValueError(f"line {i}: {e}") from None
 
 
 def sampler(args, group_index, held):
@@ -280,8 +221,9 @@ class Study:
     def __init__(self, args, group_index, held):
         import optuna
         quiet_optuna()
-        self.args = args
-        self.study = optuna.load_study(study_name=STUDY_NAME, storage=journal(args),
+        store.quiet_heartbeat_warning()
+        self.args, self.store = args, store.store_of(args)
+        self.study = optuna.load_study(study_name=self.store.name, storage=self.store.storage(),
                                        sampler=sampler(args, group_index, held),
                                        pruner=pruner(args))
 
@@ -291,28 +233,37 @@ class Study:
         from optuna.trial import Trial
         return Trial(self.study, self.study.get_trials(deepcopy=False)[number]._trial_id)
 
+    def beating(self, number):
+        """The trial's heartbeat kept while the block trains it, where the store has them."""
+        trial_id = self.study.get_trials(deepcopy=False)[number]._trial_id
+        return self.store.beating(self.study, trial_id)
+
     def take(self, ranks):
         """The group's next trial, now its own: (number, its values, the epochs it has
-        reported), or None once the study holds --trials and none is left running. Under the
-        file lock, so that two groups never take one trial, nor together more than --trials."""
-        folder = self.args.checkpoint_dir
-        with launch.stops_held(), safeio.locked(os.path.join(folder, TAKE_LOCK)):
-            with open(os.path.join(folder, LEFT_RUNNING)) as f:
-                left = json.load(f)
-            if left:  # an earlier job's, first
-                safeio.atomic_write(os.path.join(folder, LEFT_RUNNING),
-                                    lambda f: f.write(json.dumps(left[1:]).encode()))
-                trial = self.live(left[0])
-            elif len(self.study.get_trials(deepcopy=False)) < self.args.trials:
-                trial = self.study.ask(distributions(self.args.search))
-                trial.set_user_attr("folder", trial_folder(self.args, trial.number))
-            else:
-                return None
-            trial.set_user_attr("ranks", ranks)
-            number, params = trial.number, trial.params
-            done = len(self.study.get_trials(deepcopy=False)[number].intermediate_values)
+        reported), or None once the study holds --trials and none is running. Under the
+        store's lock, so that two groups never take one trial, nor together more than --trials."""
+        while True:
+            with launch.stops_held(), self.store.taking():
+                left = self.store.left(self.study)
+                if left is not None:  # a trial that lost its group, first
+                    trial = self.live(left)
+                elif len(self.study.get_trials(deepcopy=False)) < self.args.trials:
+                    trial = self.study.ask(distributions(self.args.search))
+                    trial.set_user_attr("folder", trial_folder(self.args, trial.number))
+                elif (wait := self.store.wait_s(self.study)) is None:
+                    return None
+                else:
+                    trial = None
+                if trial is not None:
+                    self.store.claim(self.study, trial._trial_id)
+                    trial.set_user_attr("ranks", ranks)
+                    number, params = trial.number, trial.params
+                    done = len(self.study.get_trials(deepcopy=False)[number].intermediate_values)
+                    break
+            time.sleep(wait)
         values = trial_values(self.args.search, params)
-        what = f"resumes after epoch {done}" if done else "resumes" if left else "starts"
+        what = (f"resumes after epoch {done}" if done else "resumes" if left is not None
+                else "starts")
         print(f"trial {number} {what}: " + " ".join(f"{f}={v}" for f, v in values)
               + f" in {trial_folder(self.args, number)} (ranks {ranks})", flush=True)
         return number, values, done
@@ -357,10 +308,11 @@ def train_trial(main, args, argv, group, study, number, values, done):
     head = f"trial {number}"
     # From its last epoch again where that was reported but the trial not told complete (a
     # process killed in between): the run then trains nothing and gives the epoch's figures.
-    for epoch in range(min(done + 1, args.epochs), args.epochs + 1):
-        history, why = groups.run_in_group(main, trial_argv(args, argv, number, values, epoch),
-                                           group, head, head)
-        whys = group.gather(why, root=0)
-        step = study.after_epoch(number, epoch, history, whys) if study else None
-        if group.bcast(step, root=0) != "train":
-            return
+    with study.beating(number) if study else contextlib.nullcontext():
+        for epoch in range(min(done + 1, args.epochs), args.epochs + 1):
+            history, why = groups.run_in_group(main, trial_argv(args, argv, number, values,
+                                                                epoch), group, head, head)
+            whys = group.gather(why, root=0)
+            step = study.after_epoch(number, epoch, history, whys) if study else None
+            if group.bcast(step, root=0) != "train":
+                return

@@ -26,11 +26,12 @@ from training.run import data  # noqa: E402
 # daemons and links, and one worker at a time left a core idle. Tests that share something
 # across a module run on one worker, one after another: the namespace hosts' link-local subnets
 # and Slurm daemons (and one_host_np2, which they all compare with), and real CIFAR-10 written
-# once, the MLflow server of test_tracking, and test_search's study (with its MLflow server),
-# run once, not once per worker. Every other test is a unit of its own, sent to whichever
-# worker is free.
+# once, the MLflow server of test_tracking, test_search's study (with its MLflow server) and
+# test_study_store's PostgreSQL server, run once, not once per worker. Every other test is a
+# unit of its own, sent to whichever worker is free.
 ONE_WORKER = {"test_multihost": "hosts", "test_slurm": "hosts", "test_container": "hosts",
-              "test_real_data": "real_data", "test_tracking": "mlflow", "test_search": "study"}
+              "test_real_data": "real_data", "test_tracking": "mlflow", "test_search": "study",
+              "test_study_store": "postgres"}
 # Tests that time a link or a sleep, which a second worker's load would skew: marked `alone`,
 # and `make test` runs them after the others, by themselves.
 ALONE = {"test_scaling", "test_emulate"}

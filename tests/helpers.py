@@ -11,11 +11,9 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 
 import torch
 
@@ -394,47 +392,3 @@ class LocalCluster:
         for what in (["ip", "netns", "list"], ["ip", "-o", "link", "show"], ["tc", "qdisc", "show"]):
             left = subprocess.run(what, capture_output=True, text=True).stdout
             assert name not in left, (what, left)
-
-
-# ---------------------------------------------------------------------------
-# A real MLflow tracking server (tests/test_tracking.py, test_search.py)
-
-def free_port():
-    """A TCP port of 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class MlflowServer:
-    """`mlflow server` on 127.0.0.1 with its store in `folder`: started, stopped (SIGKILL, by
-    its process group) and started again on the same port and store."""
-
-    def __init__(self, folder):
-        self.folder, self.port, self.proc = folder, free_port(), None
-        self.uri = f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout=120):
-        import pytest
-        cmd = [os.path.join(BIN, "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port),
-               "--backend-store-uri", f"sqlite:///{self.folder}/mlflow.db",
-               "--artifacts-destination", str(self.folder / "artifacts"), "--workers", "1"]
-        log = open(self.folder / "server.log", "a")
-        self.proc = subprocess.Popen(cmd, cwd=self.folder, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-        log.close()
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, (self.folder / "server.log").read_text()[-3000:]
-            try:
-                with urllib.request.urlopen(self.uri + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                time.sleep(0.3)
-        pytest.fail(f"mlflow server did not answer in {timeout}s:\n{(self.folder / 'server.log').read_text()[-3000:]}")
-
-    def stop(self):
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()

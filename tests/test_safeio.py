@@ -136,5 +136,5 @@ def test_a_run_and_a_search_on_a_filesystem_without_locks_stop_in_one_line(data_
     assert not (tmp_path / "ck" / "ckpt.pth").exists()
     r = run([PY, os.path.join(ROOT, "main_sweep.py"), "--search", "lr=log:0.01:0.1", "--trials", "1",
              *common_args(data_dir, tmp_path / "study", epochs=1)], env_extra=no_locks)
-    assert_one_line_error(r, "keeps no file locks (Function not implemented)", code=1)
+    assert_one_line_error(r, "keeps no file locks (Function not implemented)", "--storage postgresql://", code=1)
     assert not os.path.exists(tmp_path / "study" / "study.journal")

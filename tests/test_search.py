@@ -17,7 +17,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import urllib.request
 
@@ -32,7 +31,6 @@ from helpers import (
     BIN,
     ONE_THREAD,
     PY,
-    MlflowServer,
     assert_ok,
     assert_states_equal,
     common_args,
@@ -46,6 +44,7 @@ from helpers import (
     skip_or_fail,
     wait_until,
 )
+from servers import MlflowServer, free_port
 
 EPOCHS = 3
 SPACE = ["--search", "lr=1e-5,0.05,1e38", "--search", "label-smoothing=0:0.2"]
@@ -266,12 +265,6 @@ def test_a_search_without_optuna_installed_is_one_line_naming_the_fix(data_dir, 
     assert said == ["main_sweep.py: error: --search needs optuna, which this environment lacks: run `make setup` "
                     "where pip reaches a package index, or `pip install optuna`"], r.stderr[-2000:]
     assert not ck.exists()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_optuna_dashboard_serves_the_study(study):

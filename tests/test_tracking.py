@@ -10,11 +10,9 @@ import pytest
 
 from helpers import (
     PY,
-    MlflowServer,
     assert_ok,
     assert_one_line_error,
     common_args,
-    free_port,
     horovod_cmd,
     load_ckpt,
     parse,
@@ -25,6 +23,7 @@ from helpers import (
     skip_or_fail,
     wait_until,
 )
+from servers import MlflowServer, free_port
 from training.base.errors import UsageError
 from training.run import tracking
 

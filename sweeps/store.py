@@ -1,0 +1,274 @@
+"""Where a --search study is kept, how a job holds it, and how a group takes a trial from it
+without another group taking the same one.
+
+Two stores, after Optuna's guidance for several processes and for several machines:
+
+- `Journal` (the default): CHECKPOINT_DIR/study.journal, Optuna's JournalStorage over its file
+  backend, which optuna-dashboard reads. For one host, or a filesystem whose locks work across
+  hosts (NFS v4, Lustre mounted with -o flock). One job at a time holds the study (a flock on
+  CHECKPOINT_DIR/.study.lock), so the trials it finds running were left by an earlier job, and
+  are taken up first. The file is copied aside (study.journal.bak) when a job takes it. Where
+  the filesystem keeps no locks (flock fails with ENOSYS: Lustre mounted noflock), the job stops
+  in one line naming the database.
+- `Database` (--storage postgresql://USER@HOST/DB): Optuna's RDBStorage, with heartbeats. Any
+  number of jobs, on any hosts, work on the study at once; its name is "search
+  CHECKPOINT_DIR" (the folder's absolute path, the same on every host), so one database keeps
+  the studies of many folders. A group takes a trial under a
+  PostgreSQL advisory lock; the group's rank 0 records the trial's heartbeat every --heartbeat
+  seconds while it trains it. A trial still running whose heartbeat is older than twice that
+  lost its group (killed, or its job stopped): the next group to take a trial takes it up
+  under its number, from its checkpoint. A group finds nothing to take only once no trial is
+  running: it waits while another group's trial might still need taking up.
+"""
+import contextlib
+import json
+import os
+import threading
+import urllib.parse
+import warnings
+
+from training.base import safeio
+from training.base.errors import TrainerError, UsageError
+
+STUDY = "study.journal"  # in CHECKPOINT_DIR: the study, Optuna's journal
+COPY = ".bak"  # STUDY + COPY: the study as it was when the job that holds it started
+JOURNAL_LOCK = ".lock"  # STUDY + JOURNAL_LOCK: Optuna's lock file for an append
+HOLDER = ".study.lock"  # in CHECKPOINT_DIR: held by the job that runs the study
+TAKE_LOCK = ".search-take.lock"  # in CHECKPOINT_DIR: a trial is taken under it
+LEFT_RUNNING = ".search-left-running"  # in CHECKPOINT_DIR: trials an earlier job left running
+SCHEMES = ("postgresql", "postgresql+psycopg")  # SQLAlchemy 2.1 takes psycopg 3 for both
+
+
+def store_of(args):
+    """The study's store, from --storage: the journal without one, else the database."""
+    return Database(args) if args.storage else Journal(args)
+
+
+def check_storage(url):
+    """--storage's URL, or a UsageError naming what it takes."""
+    scheme = urllib.parse.urlsplit(url).scheme
+    if scheme not in SCHEMES:
+        raise UsageError(f"--storage takes a PostgreSQL URL, postgresql://USER@HOST[:PORT]/DB, "
+                         f"not {url!r}; without --storage the study is CHECKPOINT_DIR/{STUDY}")
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        raise UsageError("--storage postgresql:// needs psycopg, which this environment lacks: "
+                         "run `make setup`, or `pip install 'psycopg[binary]'`") from None
+    return url
+
+
+def check_journal(path):
+    """Raise ValueError, naming the line, where the study file holds a line that is not JSON or
+    ends in a line cut short. Optuna reads past a bad last line, and then appends after it, which
+    makes the file unreadable to every later reader: so a job that finds one writes nothing."""
+    with open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    if lines[-1]:
+        raise ValueError(f"line {len(lines)} was cut short")
+    for i, line in enumerate(lines[:-1], 1):
+        try:
+            json.loads(line)
+        except ValueError as e:
+            raise ValueError(f"line {i}: {e}") from None
+
+
+class Journal:
+    """The study in CHECKPOINT_DIR/study.journal, held by one job at a time."""
+
+    def __init__(self, args):
+        self.folder = args.checkpoint_dir
+        self.path = os.path.join(self.folder, STUDY)
+        self.where, self.name = self.path, "search"
+        self.dashboard = ["optuna-dashboard", self.path]
+
+    def storage(self):
+        """Optuna's journal, its appends under a lock file beside it (O_EXCL, which NFS v3 and
+        later make atomic). Without Optuna's grace period, which breaks a lock held longer than
+        30 s: a filesystem that stalls longer would let a second writer in, mid-line. A lock
+        left by a process that died appending is removed by the next job as it holds the study
+        (`hold`); no other job can be writing."""
+        from optuna.storages import JournalStorage
+        from optuna.storages.journal import JournalFileBackend, JournalFileOpenLock
+        lock = JournalFileOpenLock(self.path, grace_period=None)
+        return JournalStorage(JournalFileBackend(self.path, lock_obj=lock))
+
+    def saved(self):
+        """The study's user attributes, or None where there is no file yet; refuses a file that
+        cannot be read or holds no such study, writing nothing."""
+        name = self.name
+        import optuna
+        if not os.path.isfile(self.path):
+            return None
+        try:
+            check_journal(self.path)
+            names = optuna.get_all_study_names(self.storage())
+            saved = (optuna.load_study(study_name=name, storage=self.storage()).user_attrs
+                     if name in names else None)
+        except Exception as e:  # Optuna's own errors, which name the line it could not read
+            copy = (f"restore it from {self.path}{COPY} (the copy made when the last job "
+                    "started), or " if os.path.isfile(self.path + COPY) else "")
+            raise TrainerError(f"cannot read the study {self.path} ({e}); {copy}choose another "
+                               "--checkpoint-dir") from e
+        if saved is None:
+            raise UsageError(f"{self.path} holds no study named {name!r} (it has {names}); "
+                             "choose another --checkpoint-dir")
+        return saved
+
+    def hold(self):
+        """Hold the study for this job (world rank 0, for its life), and keep a copy of the
+        file as it is, before this job writes to it."""
+        os.makedirs(self.folder, exist_ok=True)
+        try:
+            holder = safeio.hold(os.path.join(self.folder, HOLDER), f"process {os.getpid()}")
+        except TrainerError as e:
+            raise TrainerError(f"{e}; or keep the study in a database, which needs none: "
+                               "--storage postgresql://USER@HOST/DB") from None
+        if holder is not None:
+            raise UsageError(f"the study {self.path} is in use by another job "
+                             f"({holder or 'starting'}); wait for it to end, or choose another "
+                             "--checkpoint-dir")
+        with contextlib.suppress(FileNotFoundError):  # Optuna's, left by a process that died
+            os.remove(self.path + JOURNAL_LOCK)
+        if os.path.isfile(self.path):  # read whole by `saved`: kept aside as it is
+            with open(self.path, "rb") as f:
+                kept = f.read()
+            safeio.atomic_write(self.path + COPY, lambda f: f.write(kept))
+
+    def opened(self, trials):
+        """World rank 0, the study open: the trials left running are an earlier job's."""
+        import optuna
+        running = [t.number for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+        safeio.atomic_write(os.path.join(self.folder, LEFT_RUNNING),
+                            lambda f: f.write(json.dumps(running).encode()))
+
+    def taking(self):
+        return safeio.locked(os.path.join(self.folder, TAKE_LOCK))
+
+    def left(self, study):
+        """Under `taking`: the next trial an earlier job left running, now this group's."""
+        path = os.path.join(self.folder, LEFT_RUNNING)
+        with open(path) as f:
+            left = json.load(f)
+        if not left:
+            return None
+        safeio.atomic_write(path, lambda f: f.write(json.dumps(left[1:]).encode()))
+        return left[0]
+
+    def claim(self, study, trial_id):
+        """A trial just taken: nothing to record, the job's hold covers it."""
+
+    def wait_s(self, study):
+        """Under `taking`, the study full: None, as this job runs every trial still running."""
+        return None
+
+    def beating(self, study, trial_id):
+        return contextlib.nullcontext()
+
+
+class Database:
+    """The study in PostgreSQL, shared by any number of jobs, each trial's group alive by its
+    heartbeat."""
+
+    def __init__(self, args):
+        self.url, self.interval = args.storage, args.heartbeat
+        parts = urllib.parse.urlsplit(self.url)
+        # Printed and written to search.csv's folder: without the password, which libpq also
+        # takes from PGPASSWORD or ~/.pgpass.
+        host = parts.hostname or ""
+        netloc = (f"{parts.username}@" if parts.username else "") + host \
+            + (f":{parts.port}" if parts.port else "")
+        self.where = urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+        self.dashboard = ["optuna-dashboard", self.where]
+        self.folder = os.path.abspath(args.checkpoint_dir)
+        self.name = f"search {self.folder}"  # a database holds a study for each folder
+        self._engine = None
+
+    def storage(self):
+        from optuna.exceptions import ExperimentalWarning
+        from optuna.storages import RDBStorage
+        with warnings.catch_warnings():  # heartbeats have been "experimental" since Optuna 2.9
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            return RDBStorage(self.url, heartbeat_interval=self.interval,
+                              grace_period=2 * self.interval)
+
+    def saved(self):
+        """The study's user attributes, or None where the database has no such study yet."""
+        import optuna
+        try:
+            names = optuna.get_all_study_names(self.storage())
+        except Exception as e:  # SQLAlchemy's: the server down, a wrong user or database
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise TrainerError(f"cannot reach the study's database {self.where} ({first}); "
+                               "check the server and the URL of --storage") from None
+        if self.name not in names:
+            return None
+        return optuna.load_study(study_name=self.name, storage=self.storage()).user_attrs
+
+    def hold(self):
+        """Nothing to hold: jobs share the study."""
+        os.makedirs(self.folder, exist_ok=True)
+
+    def opened(self, trials):
+        """Nothing to note: a trial left running is known by its stale heartbeat."""
+
+    @contextlib.contextmanager
+    def taking(self):
+        """An advisory lock of the database, for the whole study, held while a trial is taken:
+        the server drops it with the connection, however the process ends."""
+        import sqlalchemy
+        if self._engine is None:
+            self._engine = sqlalchemy.create_engine(self.url, poolclass=sqlalchemy.pool.NullPool)
+        with self._engine.begin() as c:
+            c.execute(sqlalchemy.text("SELECT pg_advisory_xact_lock(:key)"),
+                      {"key": _lock_key(self.folder)})
+            yield
+
+    def left(self, study):
+        """Under `taking`: the first trial whose heartbeat went stale, now this group's."""
+        stale = study._storage._get_stale_trial_ids(study._study_id)  # Optuna has no public call
+        if not stale:
+            return None
+        trials = study.get_trials(deepcopy=False)
+        return min(t.number for t in trials if t._trial_id in stale)
+
+    def claim(self, study, trial_id):
+        """A trial just taken: its heartbeat now, before another group could find it stale."""
+        study._storage.record_heartbeat(trial_id)
+
+    def wait_s(self, study):
+        """Under `taking`, the study full: seconds to wait before taking again while a trial is
+        still running (another group's, which may yet need taking up), else None."""
+        from optuna.trial import TrialState
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        return self.interval if running else None
+
+    @contextlib.contextmanager
+    def beating(self, study, trial_id):
+        """The trial's heartbeat every --heartbeat seconds, from a thread, while the block runs."""
+        stop = threading.Event()
+
+        def beat():
+            while not stop.wait(self.interval):
+                with contextlib.suppress(Exception):  # a missed beat is a late one, not an error
+                    study._storage.record_heartbeat(trial_id)
+        thread = threading.Thread(target=beat, name="trial heartbeat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+
+def _lock_key(folder):
+    """A 63-bit advisory lock key of the study's folder."""
+    import hashlib
+    return int.from_bytes(hashlib.sha256(folder.encode()).digest()[:8], "big") >> 1
+
+
+def quiet_heartbeat_warning():
+    """Optuna warns that heartbeats are meant for Study.optimize; here the group's rank 0
+    records them itself (Database.beating)."""
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+

@@ -1,0 +1,117 @@
+"""The real servers tests start on 127.0.0.1 and stop again: an MLflow tracking server
+(test_tracking.py, test_search.py) and a PostgreSQL server (test_search_db.py)."""
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+from helpers import BIN, skip_or_fail
+
+PG_USER = "postgres"  # Debian's: PostgreSQL's server refuses to run as root
+
+
+def free_port():
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlflowServer:
+    """`mlflow server` on 127.0.0.1 with its store in `folder`: started, stopped (SIGKILL, by
+    its process group) and started again on the same port and store."""
+
+    def __init__(self, folder):
+        self.folder, self.port, self.proc = folder, free_port(), None
+        self.uri = f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout=120):
+        import pytest
+        cmd = [os.path.join(BIN, "mlflow"), "server", "--host", "127.0.0.1", "--port", str(self.port),
+               "--backend-store-uri", f"sqlite:///{self.folder}/mlflow.db",
+               "--artifacts-destination", str(self.folder / "artifacts"), "--workers", "1"]
+        log = open(self.folder / "server.log", "a")
+        self.proc = subprocess.Popen(cmd, cwd=self.folder, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, (self.folder / "server.log").read_text()[-3000:]
+            try:
+                with urllib.request.urlopen(self.uri + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.3)
+        pytest.fail(f"mlflow server did not answer in {timeout}s:\n{(self.folder / 'server.log').read_text()[-3000:]}")
+
+    def stop(self):
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def pg_bin():
+    """Debian's PostgreSQL server programs (initdb, pg_ctl), the newest version installed; None
+    where there are none."""
+    root = "/usr/lib/postgresql"
+    versions = sorted((d for d in os.listdir(root) if d.isdigit()), key=int) if os.path.isdir(root) else []
+    return os.path.join(root, versions[-1], "bin") if versions else None
+
+
+class PostgresServer:
+    """A PostgreSQL server of its own: initdb and pg_ctl as the unprivileged `postgres` user, in
+    a folder of /tmp that user owns (pytest's are root's alone), listening on 127.0.0.1 at a
+    free port and on a socket in that folder, trust authentication (nothing else can reach it).
+    `database(name)` makes a database and gives its URL; `stop` ends the server (pg_ctl, which
+    signals the PID its data folder holds) and removes the folder."""
+
+    def __init__(self):
+        self.bin, self.folder, self.port = pg_bin(), None, free_port()
+
+    def start(self, timeout=60):
+        if self.bin is None:
+            skip_or_fail("PostgreSQL's server is not installed (apt-get install postgresql)")
+        if os.geteuid() != 0:
+            skip_or_fail(f"starting PostgreSQL as the {PG_USER} user needs root")
+        try:
+            user = pwd.getpwnam(PG_USER)
+        except KeyError:
+            skip_or_fail(f"no {PG_USER} user (apt-get install postgresql makes it)")
+        self.folder = tempfile.mkdtemp(prefix="pg-test-")
+        os.chown(self.folder, user.pw_uid, user.pw_gid)
+        data, log = os.path.join(self.folder, "data"), os.path.join(self.folder, "server.log")
+        self._as_user([os.path.join(self.bin, "initdb"), "-D", data, "-U", PG_USER, "--auth=trust",
+                       "--no-sync", "-E", "UTF8"], timeout)
+        options = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._as_user([os.path.join(self.bin, "pg_ctl"), "-D", data, "-l", log, "-o", options, "-w",
+                       "-t", str(timeout), "start"], timeout + 10)
+
+    def database(self, name):
+        self._as_user([os.path.join(self.bin, "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", PG_USER,
+                       name], 60)
+        return f"postgresql://{PG_USER}@127.0.0.1:{self.port}/{name}"
+
+    def stop(self):
+        if self.folder is None:
+            return
+        data = os.path.join(self.folder, "data")
+        if os.path.isfile(os.path.join(data, "postmaster.pid")):
+            self._as_user([os.path.join(self.bin, "pg_ctl"), "-D", data, "-m", "immediate", "-w", "stop"], 60,
+                          check=False)
+        shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder = None
+
+    def _as_user(self, cmd, timeout, check=True):
+        r = subprocess.run(["runuser", "-u", PG_USER, "--", *cmd], capture_output=True, text=True, timeout=timeout,
+                           cwd=self.folder, stdin=subprocess.DEVNULL)
+        if check and r.returncode != 0:
+            log = os.path.join(self.folder, "server.log")
+            tail = open(log).read()[-2000:] if os.path.isfile(log) else ""
+            raise AssertionError(f"{cmd[0]} failed ({r.returncode}): {r.stdout[-1000:]}{r.stderr[-2000:]}{tail}")
+        return r
