@@ -136,11 +136,18 @@ def test_a_server_that_stops_answering_stops_no_training_and_gets_what_it_missed
     assert job.wait(120) == 0, job.output()
     out = job.output()
     assert "does not answer" in out and "were not logged" in out and "metrics.csv" in out, out
+    # The run resumed while the server is still down (its tracker, in this process): it cannot
+    # ask which epochs the server has, keeps all six, and sends only the missing ones.
+    saved = load_ckpt(ckpt / "ckpt.pth")
+    resumed = tracking.Tracker(parse(*common_args(data_dir, ckpt, "--mlflow", server.uri, epochs=7)), 1,
+                               saved["history"], state=saved["tracking"])
+    assert [r["epoch"] for r in resumed.pending] == [1, 2, 3, 4, 5, 6]
     server.start()
     t.log_epochs(rows[3:])
     assert "answers again; epochs 2-4 logged" in capsys.readouterr().out and not t.pending
     client = MlflowClient(server.uri)
     assert steps(client, t.run_id) == [1, 2, 3, 4]
+    assert resumed.flush() and steps(client, resumed.run_id) == [1, 2, 3, 4, 5, 6]
     assert_ok(run_main(common_args(data_dir, ckpt, "--mlflow", server.uri, "--auto-resume", epochs=7),
                        env_extra=env))
     client, runs = runs_of(server.uri, "gone")

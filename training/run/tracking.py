@@ -112,22 +112,22 @@ class Tracker:
         self.failing = False  # the server did not answer the last request
         self.spent, self.logged = 0.0, 0  # seconds in log_epochs, epochs it was given
         self.nests = nests  # main_sweep.py's run, which the runs are nested under
-        self.world_size, self.params_due, sent = world_size, True, set()
+        self.world_size, self.params_due = world_size, True
+        # The epochs to send; until `known`, some may be on the server already (a run continued,
+        # or a request that failed after the server took it), and are dropped before a send.
+        self.pending, self.known = list(history), self.run_id is None
         try:
             if self.run_id is None:
                 self.run_id = self._create(parent)
                 if not nests:  # main_sweep.py's run says where it is after the job's summary
                     print(f"mlflow: logging to run {self.run_id} at {self.uri}", flush=True)
-            else:
-                sent = {m.step for m in self.client.get_metric_history(self.run_id, "test_acc")}
-            self._send_params()
+            self._catch_up()
         except Exception as e:
             if self.run_id is None:  # nothing to continue: a fresh run needs its server now
                 raise UsageError(f"--mlflow {self.uri}: no MLflow tracking server answers "
                                  f"({_short(e)}); start it, fix the URI, or drop --mlflow") \
                     from None
             self._lost(e)
-        self.pending = [r for r in history if r["epoch"] not in sent]
         _last["tracker"] = self
 
     @property
@@ -163,6 +163,16 @@ class Tracker:
         self.client.update_run(self.run_id, status="RUNNING")
         self.params_due = False
 
+    def _catch_up(self):
+        """Before sending epochs: those the server has dropped from them, where that is not
+        known, and the params sent where they are due."""
+        if not self.known:
+            sent = {m.step for m in self.client.get_metric_history(self.run_id, "test_acc")}
+            self.pending = [r for r in self.pending if r["epoch"] not in sent]
+            self.known = True
+        if self.params_due:
+            self._send_params()
+
     def log_epochs(self, rows):
         """Add the rows to what is to be sent, and send it all if the server answers."""
         t0 = time.perf_counter()
@@ -175,12 +185,11 @@ class Tracker:
         """Send the epochs kept; True when none is left."""
         if not self.pending and not self.params_due:
             return True
-        now = int(time.time() * 1000)
-        metrics = [self.Metric(k, float(r[k]), now, int(r["epoch"]))
-                   for r in self.pending for k in METRICS]
         try:
-            if self.params_due:
-                self._send_params()
+            self._catch_up()
+            now = int(time.time() * 1000)
+            metrics = [self.Metric(k, float(r[k]), now, int(r["epoch"]))
+                       for r in self.pending for k in METRICS]
             for i in range(0, len(metrics), BATCH):
                 self.client.log_batch(self.run_id, metrics=metrics[i:i + BATCH])
         except Exception as e:
@@ -195,6 +204,7 @@ class Tracker:
         return True
 
     def _lost(self, error):
+        self.known = False  # the failed request may have reached the server
         if not self.failing:
             print(f"mlflow: {self.uri} does not answer ({_short(error)}); training goes on, and "
                   "its epochs are logged when it answers again", file=sys.stderr, flush=True)
