@@ -3,7 +3,9 @@
 The job starts at np=3 and, once epoch 1 is in metrics.csv, loses a worker: the
 discovery script reports fewer slots (a planned removal), or a worker is killed (a
 failure). Either way training must go on at np=2 to the last epoch, with every
-epoch in metrics.csv once. SIGTERM to the driver ends every worker with one line.
+epoch in metrics.csv once; the killed worker's job logs to a real MLflow server, as one MLflow
+run that each new world's rank 0 continues, each epoch once. SIGTERM to the driver ends every
+worker with one line.
 Every wait is bounded, and a hung job is killed.
 
 The driver polls the discovery script about once a second and tells rank 0, which
@@ -31,6 +33,7 @@ from helpers import (
     wait_until,
     without_lr,
 )
+from servers import MlflowServer
 
 EPOCHS = 6
 JOB_TIMEOUT = 300  # seconds for a whole elastic job: a bound for a hung one, far above a slow one
@@ -103,17 +106,31 @@ def test_killed_worker_rolls_back_to_last_epoch(data_dir, tmp_path, jobs):
     # so the worker to kill gets a host of its own (127.0.0.1), and localhost goes on.
     slots, ck = tmp_path / "slots", tmp_path / "ck"
     slots.write_text("localhost:2\n127.0.0.1:1\n")
-    # Some survivors see the dead peer only as a gloo timeout: 30 s by default, shorter
-    # here, but not so short that a slow worker on a busy machine looks dead.
-    job = jobs(elastic_cmd(slots, 3, 2, 3, common_args(data_dir, ck, **TRAIN), gloo_timeout=15))
-    wait_for_epochs(job, ck, 1)
-    victims = worker_pids(ck, "127.0.0.1")
-    assert len(victims) == 1, (victims, job.output()[-3000:])
-    os.kill(victims[0], signal.SIGKILL)  # mid-epoch: the survivors roll back to the last commit
-    rc = job.wait(JOB_TIMEOUT)
-    out = job.output()
-    assert rc == 0, out[-4000:]
-    assert_shrank_without_gaps(ck, out)
+    # Tracked in a real MLflow server: each new world's rank 0 continues the one MLflow run.
+    (tmp_path / "mlflow").mkdir()
+    server = MlflowServer(tmp_path / "mlflow")
+    server.start()
+    try:
+        # Some survivors see the dead peer only as a gloo timeout: 30 s by default, shorter
+        # here, but not so short that a slow worker on a busy machine looks dead.
+        job = jobs(elastic_cmd(slots, 3, 2, 3, common_args(data_dir, ck, "--mlflow", server.uri, **TRAIN),
+                               gloo_timeout=15))
+        wait_for_epochs(job, ck, 1)
+        victims = worker_pids(ck, "127.0.0.1")
+        assert len(victims) == 1, (victims, job.output()[-3000:])
+        os.kill(victims[0], signal.SIGKILL)  # mid-epoch: the survivors roll back to the last commit
+        rc = job.wait(JOB_TIMEOUT)
+        out = job.output()
+        assert rc == 0, out[-4000:]
+        rows = assert_shrank_without_gaps(ck, out)
+        from mlflow.tracking import MlflowClient
+        client = MlflowClient(server.uri)
+        (run,) = client.search_runs([client.get_experiment_by_name("cifar10").experiment_id])
+        sizes = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "world_size"))
+        assert sizes == [(int(r["epoch"]), float(r["world_size"])) for r in rows], sizes  # each epoch once
+        assert run.info.status == "FINISHED"
+    finally:
+        server.stop()
 
 
 def test_fixed_world_matches_main_horovod(data_dir, tmp_path, jobs):
