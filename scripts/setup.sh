@@ -119,7 +119,7 @@ PY
     # Only what is missing: torch and torchvision are that Python's, mpi4py needs MPI.
     need=() optional=()
     while read -r req; do
-        name=${req%%[=<> ]*}
+        name=${req%%[=<> ]*} && name=${name%%\[*}  # psycopg[binary]: the package psycopg
         # ruff lints (make lint), .ci/run brings its own; kubernetes-validate checks the Kubernetes
         # manifests (tests/test_kubernetes.py), mlflow is the tests' server (--mlflow needs only
         # mlflow-skinny). A machine or an image that trains does without them.
@@ -128,8 +128,9 @@ PY
             mpi4py) [ "$WITH_MPI" = 1 ] || continue ;;
         esac
         "$PY" -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "$name" 2>/dev/null && continue
-        # optuna serves main_sweep.py --search alone: training goes on without it.
-        if [ "$name" = optuna ]; then optional+=("$req"); else need+=("$req"); fi
+        # optuna serves main_sweep.py --search alone, psycopg its --storage: training goes on
+        # without them.
+        case "$name" in optuna|psycopg) optional+=("$req") ;; *) need+=("$req") ;; esac
     done < <(grep -v '^\s*#' requirements.txt)
     if [ ${#need[@]} -gt 0 ]; then
         log "installing what $PYTHON lacks: ${need[*]}"
@@ -137,7 +138,7 @@ PY
     fi
     for req in ${optional[@]+"${optional[@]}"}; do
         "${PIP[@]}" "$req" 2>/dev/null \
-            || log "$req is not installed (pip found no copy): main_sweep.py --search needs it; the rest runs without it"
+            || log "$req is not installed (pip found no copy): main_sweep.py --search needs optuna, its --storage psycopg; the rest runs without them"
     done
 else
     if [ ! -x "$PY" ]; then
