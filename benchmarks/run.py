@@ -65,6 +65,7 @@ from benchmarks.figures import (
     search_best_acc_minus_grid,
     search_wall_time_vs_grid,
     sweep_wall_time,
+    tree_allreduce_error,
 )
 from benchmarks.gpu import results_section
 from training.run import devices
@@ -76,7 +77,7 @@ FIGURES = [loader_speedup, horovod_np1_overhead, horovod_hook_overhead_ms, scali
            horovod_compiled_overlap_window_ratio, layout_design_cost, sweep_wall_time,
            search_wall_time_vs_grid, search_best_acc_minus_grid, mlflow_overhead_per_epoch, emulator_vs_real_error,
            scaling_model_heldout_error, probe_vs_emulator_error, hierarchical_allreduce_error,
-           horovod_compiled_over_ddp_cluster_100g,
+           tree_allreduce_error, horovod_compiled_over_ddp_cluster_100g,
            horovod_compiled_over_ddp_cluster_400g, real_data_accuracy]
 
 

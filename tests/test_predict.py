@@ -87,6 +87,39 @@ def test_hierarchical_is_a_ring_of_nodes_between_two_steps_inside_them():
         pytest.approx(across + inside + 2e-5)
 
 
+def test_a_tree_is_bounded_by_its_busiest_link_and_filled_segment_by_segment():
+    params, seg, wire = (0.9, 1e-5), scaling_model.TREE_SEGMENT_BYTES, 8 / (1e10 * 0.9)
+    # One binary tree: the root takes 2 children's bytes up, then sends them twice down (1 child at 2);
+    # a pipeline of d hops adds d - 1 segments each way (none at 2 processes, one hop).
+    assert scaling_model.message_s(2, 1e8, 1e10, params, algorithm="binary-tree") == \
+        pytest.approx(1e-5 + 2 * 1e8 * wire)
+    assert scaling_model.message_s(8, 1e8, 1e10, params, algorithm="binary-tree") == \
+        pytest.approx(1e-5 + (4 * 1e8 + 2 * 2 * 2 * seg) * wire)
+    # NCCL's double tree: half the bytes a tree, both phases at once.
+    assert scaling_model.message_s(2, 1e8, 1e10, params, algorithm="tree") == \
+        pytest.approx(1e-5 + 1e8 * wire)
+    assert scaling_model.message_s(16, 1e8, 1e10, params, algorithm="tree") == \
+        pytest.approx(1e-5 + (2 * 1e8 + 2 * 3 * seg) * wire)
+    # Across nodes the tree spans the nodes; the spread stretches its wire as a ring's.
+    assert scaling_model.message_s(32, 1e8, 1e10, params, nodes=4, algorithm="tree") == \
+        pytest.approx(scaling_model.message_s(4, 1e8, 1e10, params, algorithm="tree"))
+    stretched = scaling_model.message_s(16, 1e8, 1e10, params + (0.1,), algorithm="tree")
+    assert stretched - 1e-5 == pytest.approx((2 * 1e8 + 2 * 3 * seg) * wire * (1 + 0.1 * 3))
+    # A large message: the ring's 2 (N - 1) / N beats either tree's.
+    assert scaling_model.message_s(8, 1e8, 1e10, params) < scaling_model.message_s(8, 1e8, 1e10, params,
+                                                                                   algorithm="tree")
+
+
+def test_the_tree_is_an_option_of_the_prediction(probe, capsys):
+    tree, point, params = rows(probe, algorithm="tree")
+    ring, _, _ = rows(probe)
+    assert point["algorithm"] == "tree" and point["nodes"] == 4
+    assert tree["allreduce not hidden"] != ring["allreduce not hidden"] and tree["compute"] == ring["compute"]
+    assert predict.main(["--nodes", "4", "--gpus-per-node", "2", "--link-gbps", "1", "--step-ms", "5",
+                         "--arch", "lenet", "--batch", "8", "--algorithm", "tree"]) == 0
+    assert "tree of 4 nodes, 1 Gbit/s" in capsys.readouterr().out
+
+
 def test_hierarchical_takes_the_nodes_ring_from_the_probe_or_the_flag(probe, tmp_path):
     node = {"processes": 2, "bandwidth_bps": 4e9, "latency_s": 3e-5}
     path = tmp_path / "probe.json"
@@ -145,10 +178,14 @@ def test_without_a_probe_the_emulators_constants_stand_in_and_say_so():
     (["--from", "/nonexistent/probe.json", "--nodes", "2"], "cannot read the probe /nonexistent/probe.json"),
     (["--nodes", "2"], "without --from PROBE.json, give --link-gbps and --step-ms"),
     (["--nodes", "0", "--link-gbps", "1", "--step-ms", "1"], "must be positive"),
+    (["--nodes", "2", "--hierarchical-gbps", "9", "--algorithm", "tree"], "give it or --algorithm tree, not both"),
 ])
-def test_bad_input_is_one_line(argv, needle):
-    r = run([PY, "-m", "tools.predict", *argv])
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and needle in r.stderr, r.stderr
+def test_bad_input_is_one_line(argv, needle, capsys):
+    # In process; the next test runs the command, for its exit status and stderr.
+    with pytest.raises(SystemExit) as e:
+        predict.main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
 
 
 def test_a_probe_file_of_another_shape_is_one_line(tmp_path):

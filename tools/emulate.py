@@ -181,13 +181,17 @@ def rank_env(dilation_, fusion, cycle_s=scaling_model.CYCLE_S):
 
 def launch(hosts, port, script, env_extra, timeout, work):
     """Run `script` (what follows `python`: a file and its flags, or -m and a module) as a rank
-    on each host's slot under the port's launcher: horovodrun --gloo from host 1 ("horovod"), or a
+    on each host's slot under the port's launcher: horovodrun --gloo from host 1 ("horovod"), Open
+    MPI's mpirun from host 1 ("mpirun", which passes env_extra's OMPI_MCA_ settings on), or a
     torchrun on every host meeting at host 1 ("ddp"). Returns host 1's launcher's output; a
     failure or a run past `timeout` seconds raises Failed, after every rank has been ended."""
     if port == "horovod":
         cmds = [hosts.on(1, [os.path.join(BIN, "horovodrun"), "-np", hosts.n * hosts.slots,
                              "-H", hosts.vars["CLUSTER_HOSTS"], *hosts.vars["CLUSTER_HOROVODRUN_ARGS"], "--gloo",
                              sys.executable, *script])]
+    elif port == "mpirun":
+        cmds = [hosts.on(1, ["mpirun", "-np", hosts.n * hosts.slots, "-H", hosts.vars["CLUSTER_HOSTS"],
+                             *hosts.vars["CLUSTER_MPIRUN_ARGS"], "-x", "PYTHONPATH", sys.executable, *script])]
     else:
         address = hosts.vars["CLUSTER_HOSTS"].split(",")[0].split(":")[0]
         cmds = [hosts.on(i + 1, [os.path.join(BIN, "torchrun"), "--nnodes", hosts.n, "--node_rank", i,

@@ -28,8 +28,10 @@ in for the network (scaling_model.FITTED) and --link-gbps gives the link; the te
 probe are then left out, and the output says so. --hierarchical models Horovod's hierarchical
 allreduce, a ring of nodes between two steps inside each node (scaling_model.message_s), at the
 node's rate and latency the probe measured where it ran several processes a host, or at
---hierarchical-gbps G. What no term holds: NCCL's tree algorithm, and a flat ring's use of a
-node's faster internal links (a node is one link).
+--hierarchical-gbps G. --algorithm tree models NCCL's double binary tree across the nodes
+instead of the ring (scaling_model.tree_s), at the probe's bandwidth: a probe run under
+NCCL_ALGO=Ring keeps the ring's figures. What no term holds: the chain of a node's GPUs inside
+NCCL's tree, and a flat ring's use of a node's faster internal links (a node is one link).
 """
 import argparse
 import json
@@ -51,7 +53,7 @@ def expected_slowest(times, n):
 
 
 def job_point(probe, nodes, gpus, step_s=None, port="horovod", path="hooks", compiled=False,
-              fp16=False, k=1, cycle_s=None, link_bps=None, intra=None):
+              fp16=False, k=1, cycle_s=None, link_bps=None, intra=None, algorithm="ring"):
     """(the scaling model's point for the job, its params, the step times scaled as the compute
     is, notes): the probe's figures where there is a probe, else the emulator's fitted ones."""
     notes = []
@@ -85,6 +87,8 @@ def job_point(probe, nodes, gpus, step_s=None, port="horovod", path="hooks", com
                  spread_source=point_spread)
     if intra is not None:  # Horovod's hierarchical allreduce: a ring of nodes; (rate, latency) inside one
         point.update(nodes=nodes, intra_bps=intra[0], intra_latency_s=intra[1])
+    elif algorithm != "ring":  # NCCL's tree spans the nodes; a node's GPUs are a chain inside it
+        point.update(algorithm=algorithm, nodes=nodes)
     return point, params, times, notes
 
 
@@ -99,7 +103,8 @@ def terms(point, params, probe, times, path="hooks"):
     with_spread = scaling_model.step_s(point, params)
     out = [("compute", compute, f"{k} x one GPU's step" if k > 1 else "one GPU's step"),
            ("allreduce not hidden", (quick if horovod else no_spread) - compute,
-            (f"ring of {point['nodes']} nodes, hierarchical ({point['intra_bps'] / 1e9:.3g} Gbit/s inside)"
+            (f"{point['algorithm']} of {point['nodes']} nodes" if point.get("algorithm", "ring") != "ring"
+             else f"ring of {point['nodes']} nodes, hierarchical ({point['intra_bps'] / 1e9:.3g} Gbit/s inside)"
              if point.get("nodes") else f"ring of {n}")
             + f", {point['rate_bps'] / 1e9:.3g} Gbit/s, {params[1] * 1e6:.3g} us a message")]
     if horovod:
@@ -121,8 +126,7 @@ def terms(point, params, probe, times, path="hooks"):
         out.append(("wait for the slowest of N", 0.0, "not measured (no probe)" if not times else "one process"))
     alone, beside = probe.get("backward_alone_s"), probe.get("backward_beside_allreduce_s")
     if alone and beside and n > 1:
-        total = scaling_model.message_s(n, sum(point["tensors"]), point["rate_bps"], params, point.get("fp16", False),
-                                        point.get("nodes"), point.get("intra_bps"), point.get("intra_latency_s", 0.0))
+        total = scaling_model.point_message_s(point, sum(point["tensors"]), params)
         exposed = with_spread - compute
         hidden = min(point["backward_s"], max(0.0, total - exposed))
         factor = beside / alone
@@ -154,6 +158,8 @@ def main(argv=None):
                         "the rate the probe measured there")
     p.add_argument("--hierarchical-gbps", type=float, metavar="GBPS",
                    help="the same, with this rate inside a node, Gbit/s")
+    p.add_argument("--algorithm", choices=("ring", "tree"), default="ring",
+                   help="NCCL's allreduce across the nodes: ring, or its double binary tree (NCCL_ALGO=Tree)")
     args = p.parse_args(argv)
 
     def fail(message):  # one line, as the trainers' errors
@@ -162,6 +168,8 @@ def main(argv=None):
     hierarchical = args.hierarchical or args.hierarchical_gbps is not None
     if hierarchical and args.port != "horovod":
         fail("--hierarchical is Horovod's (HOROVOD_HIERARCHICAL_ALLREDUCE); DDP's NCCL picks its own algorithm")
+    if hierarchical and args.algorithm != "ring":
+        fail("--hierarchical is a ring of nodes; give it or --algorithm tree, not both")
     if args.nodes < 1 or args.gpus_per_node < 1 or args.batches_per_allreduce < 1:
         fail("--nodes, --gpus-per-node and --batches-per-allreduce must be positive")
     if args.probe:
@@ -195,7 +203,7 @@ def main(argv=None):
     step_s = args.step_ms / 1e3 if args.step_ms else None
     point, params, times, notes = job_point(
         probe, args.nodes, args.gpus_per_node, step_s, args.port, path, args.compile, args.fp16_allreduce,
-        args.batches_per_allreduce, args.cycle_ms / 1e3 if args.cycle_ms else None, link, intra)
+        args.batches_per_allreduce, args.cycle_ms / 1e3 if args.cycle_ms else None, link, intra, args.algorithm)
     rows = terms(point, params, probe, times, path)
     step = sum(s for _, s, _ in rows)
     what = f"{args.port}" + (f" --compile ({path})" if args.compile else f" ({path})" if args.port == "horovod"

@@ -46,7 +46,14 @@ has ended, so the backward pass hides what it can of them. Assumptions, each a s
   is a ring of nodes between two steps inside each node (message_s). Checked on namespace hosts
   of 2 processes each against the algorithm composed of Horovod's own collectives
   (benchmarks/figures/hierarchical_allreduce_error.py): gloo has no hierarchical path of its
-  own. NCCL's tree algorithm is not modelled.
+  own.
+- **Trees** (`algorithm`): "tree" is NCCL's double binary tree (NCCL_ALGO=Tree), two trees
+  each carrying half the bytes, every process inside one and a leaf of the other, the reduction
+  up and the broadcast down pipelined together; "binary-tree" is one binary tree, the reduction
+  to the root and then the broadcast (Open MPI's allreduce "nonoverlapping" over its binary-tree
+  reduce and broadcast). Both cut the message in TREE_SEGMENT_BYTES segments (tree_s). Checked
+  on namespace hosts against Open MPI's binary tree (benchmarks/figures/tree_allreduce_error.py);
+  NCCL's double tree, which needs GPUs, is the same count of bytes a link carries, unchecked.
 
 `fit` chooses (efficiency, latency, spread) to minimise the largest relative error of the
 step time over the points given; `step_s` applies them. Two parameters, (efficiency,
@@ -66,6 +73,10 @@ STEPS, SETTLE = 10, 4  # Horovod's steps simulated, and the first ones left out 
 # So a compute of whole cycles after a message ends, which puts every gradient on the grid,
 # costs a cycle more, as it does in Horovod.
 TIE_S = 1e-9
+ALGORITHMS = ("ring", "tree", "binary-tree")
+# The pieces a tree's message is cut into, each passed on as soon as it is in: NCCL's (4 MB
+# buffers in 8 steps) and the segment the emulator's check gives Open MPI.
+TREE_SEGMENT_BYTES = 512 * 1024
 
 # (efficiency, latency s, spread) as the figure scaling_model_heldout_error fitted them on the emulator
 # (benchmarks/results/RESULTS.md): what tools/emulate.py predicts with.
@@ -83,8 +94,29 @@ def ready_times(point):
     return [(point["backward_s"] * (i + 1) / len(tensors), b) for i, b in enumerate(tensors)]
 
 
-def message_s(n, nbytes, rate_bps, params, fp16=False, nodes=None, intra_bps=None, intra_latency_s=0.0):
-    """Seconds of one allreduce message of nbytes (fp32) over n processes: a flat ring, or with
+def tree_s(n, nbytes, bandwidth_bps, algorithm):
+    """Seconds on the wire of a tree allreduce of nbytes over n processes, each on a link of
+    bandwidth_bps each way. The busiest process bounds it: inside a binary tree it receives its
+    two children's bytes (one child's at n = 2) as the reduction goes up and sends them twice
+    over as the broadcast comes down. One binary tree ("binary-tree") does the two one after the
+    other: 2 x children x bytes. NCCL's double tree ("tree") halves the bytes of each tree and
+    runs both phases at once, so each way a link carries twice the bytes (once at n = 2, where
+    each process is the other's child in one tree and its parent in the other). Segments follow
+    one another through the tree's levels: a pipeline of `depth` hops adds depth - 1 segments'
+    time to each phase, up and down."""
+    children = min(2, n - 1)
+    if algorithm == "binary-tree":
+        load, segment = 2 * children, children * TREE_SEGMENT_BYTES
+    else:
+        load, segment = children, TREE_SEGMENT_BYTES
+    depth = int(math.log2(n))
+    return (load * nbytes + 2 * (depth - 1) * segment) * 8 / bandwidth_bps
+
+
+def message_s(n, nbytes, rate_bps, params, fp16=False, nodes=None, intra_bps=None, intra_latency_s=0.0,
+              algorithm="ring"):
+    """Seconds of one allreduce message of nbytes (fp32) over n processes: a flat ring, a tree
+    (`algorithm`, over the nodes where `nodes` is given: a node is one link), or with
     `nodes` (Horovod's HOROVOD_HIERARCHICAL_ALLREDUCE, n / nodes processes a node) a reduce-scatter
     inside each node over its internal links (intra_bps, at the fitted efficiency), a ring across
     the nodes in which each of a node's processes sends its share, and an allgather inside the
@@ -96,12 +128,21 @@ def message_s(n, nbytes, rate_bps, params, fp16=False, nodes=None, intra_bps=Non
     spread = params[2] if len(params) > 2 else 0.0
     nbytes = nbytes * (0.5 if fp16 else 1.0)
     ring = n if nodes is None else nodes
+    if algorithm != "ring":
+        wire = tree_s(ring, nbytes, rate_bps * efficiency, algorithm) if ring > 1 else 0.0
+        return latency + wire * (1 + spread * math.log2(max(ring, 2) / 2))
     wire = 2 * (ring - 1) / ring * nbytes * 8 / (rate_bps * efficiency) if ring > 1 else 0.0
     inside = 0.0
     if nodes is not None and n > nodes:
         per_node = n / nodes
         inside = intra_latency_s + 2 * (per_node - 1) / per_node * nbytes * 8 / (intra_bps * efficiency)
     return latency + wire * (1 + spread * math.log2(max(ring, 2) / 2)) + inside
+
+
+def point_message_s(point, nbytes, params):
+    """message_s for a point of step_s: its n, rate, fp16, algorithm and nodes."""
+    return message_s(point["n"], nbytes, point["rate_bps"], params, point.get("fp16", False), point.get("nodes"),
+                     point.get("intra_bps"), point.get("intra_latency_s", 0.0), point.get("algorithm", "ring"))
 
 
 def ddp_buckets(sizes):
@@ -175,16 +216,15 @@ def horovod_step_s(point, ready, send, phase):
 def step_s(point, params):
     """The model's step time for a point: a dict with n, tensors (fp32 bytes of each gradient,
     in the model's parameter order), rate_bps, compute_s and backward_s (one batch, measured);
-    optional: ready, k, fp16, fusion, compiled, port, cycle_s, and nodes with intra_bps and
-    intra_latency_s for Horovod's hierarchical allreduce (message_s)."""
+    optional: ready, k, fp16, fusion, compiled, port, cycle_s, algorithm, and nodes (with
+    intra_bps and intra_latency_s for Horovod's hierarchical allreduce; message_s)."""
     k_compute = point.get("k", 1) * point["compute_s"]
     if point["n"] < 2:
         return k_compute
     ready = ready_times(point)
 
     def send(nbytes):
-        return message_s(point["n"], nbytes, point["rate_bps"], params, point.get("fp16", False),
-                         point.get("nodes"), point.get("intra_bps"), point.get("intra_latency_s", 0.0))
+        return point_message_s(point, nbytes, params)
     if point.get("port", "horovod") == "ddp":
         return k_compute + max(0.0, ddp_end(ready, send) - point["backward_s"])
     cycle = point.get("cycle_s", CYCLE_S)
