@@ -8,7 +8,7 @@ The product of the --sweep lists makes the runs. The job's processes form groups
 that divides, else 1), and each group trains runs one after another, each the next that no
 group has taken yet (run_queue.py), until none is left: a long run holds back only its own
 group. Each run is an ordinary main_horovod.py run of its group, its files in
-CHECKPOINT_DIR/<run>/ (ckpt.pth, best.pth, metrics.csv, tb/, curves.png), every line it prints
+CHECKPOINT_DIR/<run>/ (ckpt.pth, best.pth, metrics.csv, tb/, curves.svg), every line it prints
 headed by its settings. The sweep adds --auto-resume (unless --resume or --overwrite is
 given), so every run resumes alone, and a re-submitted sweep continues the runs that are not
 finished and trains nothing more of those that are. CHECKPOINT_DIR must be a folder every host

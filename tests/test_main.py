@@ -19,7 +19,7 @@ def trained(data_dir, tmp_path_factory):
 
 def test_run_leaves_checkpoints_metrics_and_curves(trained):
     ckpt, r = trained
-    for name in ("ckpt.pth", "best.pth", "metrics.csv", "curves.png"):
+    for name in ("ckpt.pth", "best.pth", "metrics.csv", "curves.svg"):
         assert os.path.getsize(ckpt / name) > 0, name
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(ckpt / "tb"))
     rows = read_metrics(ckpt)

@@ -101,7 +101,7 @@ def test_horovodrun_gloo_trains_and_resumes_across_hosts_bitwise(cluster, one_ho
         and "the saved cosine" in said[0], second.stdout[-3000:]
     # Rank 0 alone wrote: one set of files, and each launch's TensorBoard file names host 1.
     assert [int(r["epoch"]) for r in read_metrics(ck)] == [1, 2]
-    assert sorted(os.listdir(ck)) == [".run.lock", "best.pth", "ckpt.pth", "curves.png", "metrics.csv", "tb"]
+    assert sorted(os.listdir(ck)) == [".run.lock", "best.pth", "ckpt.pth", "curves.svg", "metrics.csv", "tb"]
     events = [f for f in os.listdir(ck / "tb") if f != "hparams"]
     assert len(events) == 2 and all(f".{cluster.env['CLUSTER_NAME']}-h1." in f for f in events), events
     for out in (first.stdout, second.stdout):

@@ -1,8 +1,9 @@
 """runlog.py in process: who writes, what metrics.csv holds, what the profiler reports."""
 import os
+import xml.etree.ElementTree as ET
 
 from helpers import parse
-from training.run import runlog
+from training.run import curves, runlog
 import utils
 
 
@@ -34,15 +35,33 @@ def test_metrics_are_rewritten_from_the_whole_history(tmp_path, capsys):
     log.close()
     rows = open(tmp_path / "metrics.csv").read().splitlines()
     assert rows[0] == ",".join(runlog.METRICS_COLUMNS) and [r.split(",")[0] for r in rows[1:]] == ["1", "2"]
-    assert os.path.getsize(tmp_path / "curves.png") > 0
-    assert sorted(os.listdir(tmp_path)) == ["curves.png", "metrics.csv", "tb"], "no checkpoint: runlog only reports"
+    assert ET.parse(tmp_path / "curves.svg").getroot().tag == "{http://www.w3.org/2000/svg}svg"
+    assert sorted(os.listdir(tmp_path)) == ["curves.svg", "metrics.csv", "tb"], "no checkpoint: runlog only reports"
+
+
+def test_curves_draw_each_column_a_point_an_epoch_and_leave_out_what_is_not_finite():
+    history = [_row(e, acc, train_loss=loss, train_time_s=2.0 * e)
+               for e, acc, loss in ((1, 0.3, 2.0), (2, 0.6, float("inf")), (3, 0.5, 1.0))]
+    root = ET.fromstring(curves.svg(history))
+    lines = {p.get("data-key") + ("@time" if i == 4 else ""): [tuple(map(float, xy.split(",")))
+                                                             for xy in p.get("points").split()]
+             for i, p in enumerate(root.iter("{http://www.w3.org/2000/svg}polyline"))}
+    assert sorted(lines) == sorted(["train_loss", "test_loss", "train_acc", "test_acc", "test_acc@time", "lr",
+                                    "images_per_s"]), lines
+    assert len(lines["train_loss"]) == 2 and "inf" not in curves.svg(history).lower()
+    acc = lines["test_acc"]
+    assert len(acc) == 3 and acc[0][0] < acc[1][0] < acc[2][0], "epochs run left to right"
+    assert acc[1][1] < acc[2][1] < acc[0][1], "the best accuracy is the highest point (SVG's y runs down)"
+    assert len(lines["test_acc@time"]) == 3
+    empty = ET.fromstring(curves.svg([_row(1, float("nan"))]))  # one epoch, a value that is not finite
+    assert "no finite values" in "".join(empty.itertext())
 
 
 def test_a_replaced_world_closes_without_curves(tmp_path):
     log = runlog.RunLog(_args(tmp_path), True, 1, [])
     log.add(0, *ROW, 2.0)
     log.close(final=False)
-    assert not (tmp_path / "curves.png").exists()
+    assert not (tmp_path / "curves.svg").exists()
 
 
 def _row(epoch, acc, seconds=2.0, **more):

@@ -104,7 +104,7 @@ def test_a_run_writes_files_with_the_mode_of_its_umask(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     files = [os.path.join(d, f) for top in ("data", "ck") for d, _, fs in os.walk(tmp_path / top) for f in fs]
     names = {os.path.basename(f) for f in files}
-    assert {"ckpt.pth", "best.pth", "metrics.csv", "curves.png", "data_batch_1", "test_batch"} <= names
+    assert {"ckpt.pth", "best.pth", "metrics.csv", "curves.svg", "data_batch_1", "test_batch"} <= names
     modes = {f: oct(stat.S_IMODE(os.stat(f).st_mode)) for f in files}
     assert set(modes.values()) == {"0o640"}, modes
 

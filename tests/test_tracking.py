@@ -74,7 +74,7 @@ def test_a_horovod_run_is_one_mlflow_run_with_its_flags_and_every_epoch(server, 
         got = sorted((m.step, m.value) for m in client.get_metric_history(run_.info.run_id, key))
         assert got == [(int(r["epoch"]), pytest.approx(float(r[key]))) for r in rows], key
     files = {f.path for f in client.list_artifacts(run_.info.run_id)}
-    assert {"metrics.csv", "curves.png", "checkpoint"} <= files, files
+    assert {"metrics.csv", "curves.svg", "checkpoint"} <= files, files
     assert run_.info.status == "FINISHED"
     assert load_ckpt(ckpt / "ckpt.pth")["tracking"] == {"mlflow_run_id": run_.info.run_id}
 

@@ -8,7 +8,8 @@ imports only from this package and base/:
   schedule     the learning rate as a function of the epoch
   checkpoints  what a run saves, every save of it, and where a run starts
   rundir       the run folder: checked before a run, held by one run at a time
-  runlog       what a run reports: lines, metrics.csv, TensorBoard, curves
+  runlog       what a run reports: lines, metrics.csv, TensorBoard, curves.svg
+  curves       curves.svg, the run's charts, drawn without a plotting library
   tracking     the run in MLflow (--mlflow), continued across restarts
   phases       the step's phases timed (--profile-steps)
   divergence   the guard that stops a run whose numbers stop being finite

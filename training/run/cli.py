@@ -106,13 +106,13 @@ def build_parser(doc):
     a("--workers", type=int, default=2,
       help="DataLoader workers for --loader torchvision (default: %(default)s)")
     a("--checkpoint-dir", default="./checkpoint",
-      help="where ckpt.pth, best.pth, metrics.csv, tb/ and curves.png go (default: %(default)s)")
+      help="where ckpt.pth, best.pth, metrics.csv, tb/ and curves.svg go (default: %(default)s)")
     a("--checkpoint", default=None,
       help="file that --resume and --evaluate read (default: CHECKPOINT_DIR/ckpt.pth); "
            "pytorch-cifar checkpoints are accepted too")
     a("--mlflow", default=None, metavar="URI",
       help="also log the run to MLflow at URI (a server's http://HOST:PORT, a folder, "
-           "sqlite:///FILE): flags, each epoch's metrics.csv row, curves.png; a resumed run "
+           "sqlite:///FILE): flags, each epoch's metrics.csv row, curves.svg; a resumed run "
            "continues its MLflow run (default: MLFLOW_TRACKING_URI where set; needs "
            f"{tracking.INSTALL})")
     a("--mlflow-log-model", action="store_true", help="with MLflow, also log best.pth at the end")

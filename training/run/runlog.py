@@ -1,5 +1,5 @@
 """What a run reports: progress, epoch lines, metrics.csv, TensorBoard (its scalars, and its
-HPARAMS tab's settings and final figures), curves.png, and MLflow where asked (tracking.py).
+HPARAMS tab's settings and final figures), curves.svg, and MLflow where asked (tracking.py).
 Checkpoints are saved by checkpoints.py, and the step's phases timed by phases.py, not here.
 
 Every reporter here takes `reports` (rank 0 is a value): the other ranks build
@@ -12,6 +12,7 @@ import sys
 
 from training.base import safeio
 from training.base.safeio import atomic_write
+from training.run import curves
 from training.run import tracking as tracking_mod
 
 METRICS_COLUMNS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc",
@@ -57,7 +58,7 @@ def read_metrics(folder):
 
 
 class RunLog:
-    """The epoch lines, metrics.csv, TensorBoard and curves.png of a run. Only the process
+    """The epoch lines, metrics.csv, TensorBoard and curves.svg of a run. Only the process
     with reports=True writes; every process keeps the history."""
 
     def __init__(self, args, reports, world_size, history, first_epoch=0, tracking=None):
@@ -117,14 +118,15 @@ class RunLog:
         safeio.atomic_write_csv(path, METRICS_COLUMNS, self.history)
 
     def close(self, final=True):
-        """End the run's reporting: draw curves.png and say whether --target-acc was reached.
+        """End the run's reporting: draw curves.svg and say whether --target-acc was reached.
         final=False ends only this object's writer (an elastic world that is replaced)."""
         if self._tb is None:
             return
         self._tb.close()
         self._tb = None
         if final and self.history:
-            plot_curves(self.history, os.path.join(self.dir, "curves.png"))
+            text = curves.svg(self.history).encode()
+            atomic_write(os.path.join(self.dir, "curves.svg"), lambda f: f.write(text))
             write_hparams(self.args, self.history, self.world_size,
                           os.path.join(self.dir, "tb", "hparams"))
         if final and self._tracker is not None:
@@ -189,38 +191,6 @@ def target_line(history, target):
     return (f"target test accuracy {target:g} not reached by epoch {history[-1]['epoch']} "
             f"(best {best['test_acc']:.4f} at epoch {best['epoch']}; "
             f"{history[-1]['train_time_s']:.1f} s of training)")
-
-
-def plot_curves(history, path):
-    """curves.png: loss, accuracy, LR, speed and accuracy against time. Drawn on a bare Figure
-    with a fixed layout: no pyplot state, and no layout pass that renders the text twice
-    (pyplot and tight_layout cost a run about a second more)."""
-    from matplotlib.figure import Figure
-    ep = [r["epoch"] for r in history]
-    fig = Figure(figsize=(14, 7))
-    ax = fig.subplots(2, 3)
-    fig.subplots_adjust(left=0.05, right=0.98, bottom=0.08, top=0.95, wspace=0.22, hspace=0.35)
-    ax[0, 0].plot(ep, [r["train_loss"] for r in history], label="train")
-    ax[0, 0].plot(ep, [r["test_loss"] for r in history], label="test")
-    ax[0, 0].set_title("loss")
-    ax[0, 1].plot(ep, [r["train_acc"] for r in history], label="train")
-    ax[0, 1].plot(ep, [r["test_acc"] for r in history], label="test")
-    ax[0, 1].set_title("accuracy")
-    ax[1, 0].plot(ep, [r["lr"] for r in history])
-    ax[1, 0].set_title("learning rate")
-    ax[1, 1].plot(ep, [r["images_per_s"] for r in history])
-    ax[1, 1].set_title("training images/s")
-    for a in ax.flat:
-        a.set_xlabel("epoch")
-        a.grid(alpha=0.3)
-    ax[0, 2].plot([r["train_time_s"] for r in history], [r["test_acc"] for r in history],
-                  marker=".")
-    ax[0, 2].set_title("test accuracy against training time")
-    ax[0, 2].set_xlabel("training time (s)")
-    ax[1, 2].axis("off")
-    ax[0, 0].legend()
-    ax[0, 1].legend()
-    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=80))
 
 
 def evaluation_line(test):

@@ -7,7 +7,7 @@ training run, written by the process that reports; the other ranks build nothing
   the MLflow run the checkpoint names (`state`, saved in it as "tracking"), and sends only the
   epochs the server does not have: none is logged twice.
 - **Each epoch** metrics.csv's row, at step = epoch, after the checkpoint that holds it.
-- **At the end** metrics.csv and curves.png as artifacts, best.pth with --mlflow-log-model, and
+- **At the end** metrics.csv and curves.svg as artifacts, best.pth with --mlflow-log-model, and
   the run marked finished.
 - **main_sweep.py** is an MLflow run of its own (parent_run), with each run of a sweep and each
   trial of a search nested under it; sweep.csv and sweep.png (search.csv, search.png) are its
@@ -210,7 +210,7 @@ class Tracker:
                   "its epochs are logged when it answers again", file=sys.stderr, flush=True)
         self.failing = True
 
-    def finish(self, folder, log_model=False, files=("metrics.csv", "curves.png")):
+    def finish(self, folder, log_model=False, files=("metrics.csv", "curves.svg")):
         """The end of the run: the epochs left, the artifacts, and the run marked finished. What
         the server does not take is said in one line; metrics.csv holds it all."""
         if not self.flush():
