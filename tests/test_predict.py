@@ -118,6 +118,8 @@ def test_the_tree_is_an_option_of_the_prediction(probe, capsys):
     assert predict.main(["--nodes", "4", "--gpus-per-node", "2", "--link-gbps", "1", "--step-ms", "5",
                          "--arch", "lenet", "--batch", "8", "--algorithm", "tree"]) == 0
     assert "tree of 4 nodes, 1 Gbit/s" in capsys.readouterr().out
+    one, point, _ = rows(probe, nodes=1, gpus=8, algorithm="tree")  # one node: a tree of its GPUs
+    assert point.get("nodes") is None and one["allreduce not hidden"] > 0
 
 
 def test_hierarchical_takes_the_nodes_ring_from_the_probe_or_the_flag(probe, tmp_path):

@@ -87,8 +87,9 @@ def job_point(probe, nodes, gpus, step_s=None, port="horovod", path="hooks", com
                  spread_source=point_spread)
     if intra is not None:  # Horovod's hierarchical allreduce: a ring of nodes; (rate, latency) inside one
         point.update(nodes=nodes, intra_bps=intra[0], intra_latency_s=intra[1])
-    elif algorithm != "ring":  # NCCL's tree spans the nodes; a node's GPUs are a chain inside it
-        point.update(algorithm=algorithm, nodes=nodes)
+    elif algorithm != "ring":  # NCCL's tree spans the nodes (a node's GPUs are a chain inside it);
+        # on one node, its GPUs, each on a link as the ring's are
+        point.update(algorithm=algorithm, nodes=nodes if nodes > 1 else None)
     return point, params, times, notes
 
 
@@ -103,7 +104,8 @@ def terms(point, params, probe, times, path="hooks"):
     with_spread = scaling_model.step_s(point, params)
     out = [("compute", compute, f"{k} x one GPU's step" if k > 1 else "one GPU's step"),
            ("allreduce not hidden", (quick if horovod else no_spread) - compute,
-            (f"{point['algorithm']} of {point['nodes']} nodes" if point.get("algorithm", "ring") != "ring"
+            (f"{point['algorithm']} of " + (f"{point['nodes']} nodes" if point.get("nodes") else f"{n}")
+             if point.get("algorithm", "ring") != "ring"
              else f"ring of {point['nodes']} nodes, hierarchical ({point['intra_bps'] / 1e9:.3g} Gbit/s inside)"
              if point.get("nodes") else f"ring of {n}")
             + f", {point['rate_bps'] / 1e9:.3g} Gbit/s, {params[1] * 1e6:.3g} us a message")]
