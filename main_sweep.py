@@ -9,7 +9,7 @@ processes: one per combination of --sweep values (a grid), or the trials of an O
       --trials 40 --epochs 30
 
 The other flags are main_horovod.py's, and every run gets them. CHECKPOINT_DIR/sweep.csv and
-sweep.png sum a grid up, search.csv and search.png a study (CHECKPOINT_DIR/study.journal);
+sweep.svg sum a grid up, search.csv and search.svg a study (CHECKPOINT_DIR/study.journal);
 submitting the same command again continues what was left.
 """
 import sys

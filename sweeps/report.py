@@ -1,6 +1,6 @@
 """What a finished sweep or search (main_sweep.py) reports, written by world rank 0 into
 CHECKPOINT_DIR. Both read each run's metrics.csv (runlog.read_metrics) for its curve, write
-their CSV atomically, print a table and draw a PNG on a bare matplotlib Figure.
+their CSV atomically, print a table and draw an SVG (training/base/svgchart.py).
 
 A grid (--sweep):
 - sweep.csv: one row per run (its values, status, epochs, final and best test accuracy,
@@ -8,7 +8,7 @@ A grid (--sweep):
   lists;
 - the table on stdout: the final test accuracy per setting (the runs that differ only in their
   seed), mean ± std over its seeds, best first, then the folder of the best run;
-- sweep.png: each run's test-accuracy curve over its epochs, coloured by setting, and beside
+- sweep.svg: each run's test-accuracy curve over its epochs, coloured by setting, and beside
   them each setting's final accuracy with its spread over seeds.
 
 A study (--search), from its trials (Optuna's FrozenTrial, read by their attributes only):
@@ -19,14 +19,14 @@ A study (--search), from its trials (Optuna's FrozenTrial, read by their attribu
 - the table on stdout: the best completed trials, best first, with their values and folders,
   the count of trials by state, the command that retrains the best trial alone, and the
   dashboard's;
-- search.png: each trial's test accuracy by epoch, a pruned one dashed and cut with an x where
+- search.svg: each trial's test accuracy by epoch, a pruned one dashed and cut with an x where
   it ended, a failed one dotted; beside them each trial's value against its number, and the
   best so far.
 """
 import os
 import statistics
 
-from training.base import safeio
+from training.base import safeio, svgchart
 from training.run import runlog
 
 COLUMNS = ("run", "status", "epochs", "final_test_acc", "best_test_acc", "train_time_s", "ranks")
@@ -45,19 +45,7 @@ def curve(folder):
     return curve_of(runlog.read_metrics(folder))
 
 
-def figure(width, height):
-    """A bare Figure (no pyplot state, as runlog's curves) and matplotlib's integer locator."""
-    from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
-    return Figure(figsize=(width, height)), MaxNLocator
-
-
-def save_figure(path, fig):
-    fig.tight_layout()
-    safeio.atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=80))
-
-
-# A grid: sweep.csv, its table and sweep.png.
+# A grid: sweep.csv, its table and sweep.svg.
 
 
 def summary(history):
@@ -70,14 +58,14 @@ def summary(history):
 
 
 def write_grid(folder, flags, rows):
-    """sweep.csv, the table on stdout, and sweep.png, for the runs' outcome `rows`."""
+    """sweep.csv, the table on stdout, and sweep.svg, for the runs' outcome `rows`."""
     os.makedirs(folder, exist_ok=True)
     columns = ["run", *flags, *COLUMNS[1:]]
     safeio.atomic_write_csv(os.path.join(folder, "sweep.csv"), columns, rows)
     settings = by_setting(flags, rows)
     print(grid_table(settings, folder), flush=True)
     curves = {r["run"]: curve(os.path.join(folder, r["run"])) for r in rows}
-    plot_grid(os.path.join(folder, "sweep.png"), settings, curves)
+    plot_grid(os.path.join(folder, "sweep.svg"), settings, curves)
 
 
 def by_setting(flags, rows):
@@ -120,30 +108,30 @@ def grid_table(settings, folder):
 
 
 def plot_grid(path, settings, curves):
-    """sweep.png: on the left each run's test accuracy by epoch, a colour per setting; on the
-    right each setting's final accuracy, mean with one std over its seeds as the error bar."""
-    fig, MaxNLocator = figure(10, 4)
-    left, right = fig.subplots(1, 2, width_ratios=(3, 2))
+    """sweep.svg: on the left each run's test accuracy by epoch, a colour per setting; on the
+    right each setting's final accuracy, mean with one std over its seeds as the error bar, and
+    each seed's as an x beside it."""
+    runs, means, seeds = [], [], []
     for i, (s, accs, rs) in enumerate(settings):
-        color = f"C{i % 10}"
+        color = svgchart.PALETTE[i % len(svgchart.PALETTE)]
         for j, r in enumerate(rs):
             epochs, acc = curves.get(r["run"], ([], []))
-            left.plot(epochs, acc, color=color, alpha=0.8, marker="." if len(epochs) < 20 else None,
-                      label=s if j == 0 else None)
+            runs.append({"points": list(zip(epochs, acc)), "color": color,
+                         "label": s if j == 0 else None,
+                         "marker": "dot" if len(epochs) < 20 else None})
         if accs:
-            spread = statistics.stdev(accs) if len(accs) > 1 else 0
-            right.errorbar(i, statistics.mean(accs), yerr=spread, fmt="o", capsize=4, color=color)
-            right.plot([i + 0.15] * len(accs), accs, "x", color=color, alpha=0.5)  # each seed's
-    left.xaxis.set_major_locator(MaxNLocator(integer=True))
-    right.set_xlim(-0.5, len(settings) - 0.5)
-    left.set(xlabel="epoch", ylabel="test accuracy", title="each run")
-    left.legend(fontsize="small", loc="lower right")
-    right.set_xticks(range(len(settings)), [s for s, _, _ in settings], rotation=30, ha="right")
-    right.set(ylabel="final test accuracy", title="by setting: mean ± std over seeds, x each")
-    save_figure(path, fig)
+            spread = statistics.stdev(accs) if len(accs) > 1 else 0.0
+            means.append({"points": [(i, statistics.mean(accs))], "errors": [spread],
+                          "color": color, "marker": "o", "line": False})
+            seeds.append({"points": [(i + 0.15, a) for a in accs], "color": color, "marker": "x",
+                          "line": False})
+    svg = svgchart.page([("each run: test accuracy", "epoch", runs, None),
+                         ("by setting: mean ± std over seeds, x each", "setting", means + seeds,
+                          [s for s, _, _ in settings])], columns=2)
+    safeio.atomic_write(path, lambda f: f.write(svg.encode()))
 
 
-# A study: search.csv, its table and search.png.
+# A study: search.csv, its table and search.svg.
 
 
 def rows(trials, flags):
@@ -165,7 +153,7 @@ def rows(trials, flags):
 
 
 def write_study(folder, flags, trials, retrain, dashboard, where=None):
-    """search.csv, the table on stdout, and search.png, for the study's `trials` (kept at
+    """search.csv, the table on stdout, and search.svg, for the study's `trials` (kept at
     `where`, by default CHECKPOINT_DIR/study.journal); `retrain`, the command that trains the
     best trial alone, `dashboard`, the one that shows the study. Returns how many trials
     completed."""
@@ -175,7 +163,7 @@ def write_study(folder, flags, trials, retrain, dashboard, where=None):
     safeio.atomic_write_csv(os.path.join(folder, "search.csv"), columns, table_rows)
     where = where or os.path.join(folder, "study.journal")
     print(study_table(table_rows, flags, where, retrain, dashboard), flush=True)
-    plot_study(os.path.join(folder, "search.png"), table_rows)
+    plot_study(os.path.join(folder, "search.svg"), table_rows)
     return sum(r["state"] == "complete" for r in table_rows)
 
 
@@ -206,40 +194,34 @@ def study_table(table_rows, flags, where, retrain, dashboard):
 
 
 def plot_study(path, table_rows):
-    """search.png: on the left each trial's test accuracy by epoch (a pruned one dashed, with an
+    """search.svg: on the left each trial's test accuracy by epoch (a pruned one dashed, with an
     x where it was cut; a failed one dotted), on the right each trial's value against its
     number and the best value so far."""
-    fig, MaxNLocator = figure(11, 4.2)
-    left, right = fig.subplots(1, 2)
-    style = {"complete": "-", "pruned": "--", "failed": ":", "running": "-."}
+    dash = {"pruned": "dashed", "failed": "dotted", "running": "dashdot"}
+    trials = []
     for r in table_rows:
         epochs, acc = r["curve"]
         if not epochs:
             continue
-        color = f"C{r['trial'] % 10}"
-        left.plot(epochs, acc, style.get(r["state"], "-"), color=color, alpha=0.8,
-                  marker="." if len(epochs) < 20 else None, label=f"trial {r['trial']}")
+        color = svgchart.PALETTE[r["trial"] % len(svgchart.PALETTE)]
+        trials.append({"points": list(zip(epochs, acc)), "color": color,
+                       "dash": dash.get(r["state"]),
+                       "label": f"trial {r['trial']}" if len(table_rows) <= 8 else None,
+                       "marker": "dot" if len(epochs) < 20 else None})
         if r["state"] in ("pruned", "failed"):
-            left.plot(epochs[-1], acc[-1], "x", color=color, markersize=9, mew=2)
-    left.xaxis.set_major_locator(MaxNLocator(integer=True))
-    left.set(xlabel="epoch", ylabel="test accuracy",
-             title="each trial (pruned: dashed, cut at x; failed: dotted)")
-    if left.lines and len(table_rows) <= 12:
-        left.legend(fontsize="small", loc="lower right")
+            trials.append({"points": [(epochs[-1], acc[-1])], "color": color, "marker": "x",
+                           "line": False})
     best, so_far = None, []
     for r in table_rows:
         if r["state"] == "complete":
             best = r["value"] if best is None else max(best, r["value"])
-        so_far.append(best)
-    for state, marker in (("complete", "o"), ("pruned", "x")):
-        picked = [r for r in table_rows if r["state"] == state]
-        right.plot([r["trial"] for r in picked], [r["value"] for r in picked], marker,
-                   linestyle="none", label=state, color="C0" if state == "complete" else "C3")
-    right.step([r["trial"] for r in table_rows],
-               [float("nan") if b is None else b for b in so_far], where="post", color="k",
-               label="best so far")
-    right.xaxis.set_major_locator(MaxNLocator(integer=True))
-    right.set(xlabel="trial", ylabel="test accuracy (a pruned trial's when cut)",
-              title="value by trial, and the best so far")
-    right.legend(fontsize="small", loc="lower right")
-    save_figure(path, fig)
+        so_far.append((r["trial"], best))
+    values = [{"points": [(r["trial"], r["value"]) for r in table_rows if r["state"] == state],
+               "color": color, "marker": marker, "line": False, "label": state}
+              for state, marker, color in (("complete", "o", svgchart.PALETTE[0]),
+                                           ("pruned", "x", svgchart.PALETTE[3]))]
+    values.append({"points": so_far, "color": "#000", "steps": True, "label": "best so far"})
+    svg = svgchart.page([("each trial (pruned: dashed, cut at x; failed: dotted)", "epoch", trials,
+                          None),
+                         ("value by trial, and the best so far", "trial", values, None)], columns=2)
+    safeio.atomic_write(path, lambda f: f.write(svg.encode()))

@@ -95,7 +95,7 @@ def run(main, args, argv):
     def failure(outcomes):
         completed = summarize(args, argv, per_run)
         if parent is not None:
-            parent.finish(args.checkpoint_dir, files=("search.csv", "search.png"))
+            parent.finish(args.checkpoint_dir, files=("search.csv", "search.svg"))
         if not completed:
             return (f"none of the {args.trials} trials completed (their errors are above, and "
                     f"their rows in {os.path.join(args.checkpoint_dir, 'search.csv')})")

@@ -111,14 +111,14 @@ class Grid:
 
 
 def summarize(args, runs, outcomes, parent=None):
-    """World rank 0, once every run has ended: sweep.csv, the table and sweep.png, in the order
+    """World rank 0, once every run has ended: sweep.csv, the table and sweep.svg, in the order
     of the --sweep lists, also in the sweep's MLflow run (`parent`) where there is one; why the
     job failed (how many runs did), or None."""
     order = {name: i for i, (name, _) in enumerate(runs)}
     rows = sorted(outcomes, key=lambda o: order[o["run"]])
     report.write_grid(args.checkpoint_dir, [flag for flag, _ in args.sweep], rows)
     if parent is not None:
-        parent.finish(args.checkpoint_dir, files=("sweep.csv", "sweep.png"))
+        parent.finish(args.checkpoint_dir, files=("sweep.csv", "sweep.svg"))
     failed = sum(not r["status"].startswith("finished") for r in rows)
     summary = os.path.join(args.checkpoint_dir, "sweep.csv")
     return (f"{failed} of {len(runs)} runs failed (their errors are above, and their rows in "

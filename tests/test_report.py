@@ -1,8 +1,11 @@
-"""sweeps/report.py in process: search.csv, the table and search.png from a study's trials."""
+"""sweeps/report.py in process: search.csv, the table and search.svg from a study's trials."""
 import csv
 import types
+import xml.etree.ElementTree as ET
 
 from sweeps import report
+
+SVG = "{http://www.w3.org/2000/svg}"
 
 
 def trial(number, state, value=None, lr=0.1, epochs=0, folder=None, **attrs):
@@ -33,7 +36,24 @@ def test_the_best_completed_trials_first_every_trial_in_the_csv_and_the_figure(t
         [("0", "complete", "3", ""), ("1", "pruned", "1", ""), ("2", "failed", "0", "epoch 1: diverged"),
          ("3", "complete", "3", "")]
     assert rows[3]["best_test_acc"] == "0.7" and rows[3]["train_time_s"] == "4.5" and rows[1]["lr"] == "1e-05"
-    assert (tmp_path / "search.png").read_bytes()[:4] == b"\x89PNG"
+    # The figure: trial 1, pruned, dashed and cut with an x; the best so far steps from 0.5 to 0.7.
+    svg = ET.parse(tmp_path / "search.svg").getroot()
+    lines = list(svg.iter(f"{SVG}polyline"))
+    assert [ln.get("stroke-dasharray") is not None for ln in lines[:3]] == [False, True, False]
+    best = [tuple(map(float, p.split(","))) for p in lines[-1].get("points").split()]
+    assert len(best) == 7 and best[0][1] == best[2][1] > best[-1][1], best  # held, then higher (y runs down)
+    assert sum(1 for p in svg.iter(f"{SVG}path") if p.get("d", "").count("M") == 2) == 2  # trial 1's cut, and pruned's
+
+
+def test_a_sweep_figure_has_each_runs_curve_and_each_settings_spread(tmp_path):
+    curves = {"a0": ([1, 2], [0.2, 0.4]), "a1": ([1, 2], [0.3, 0.5]), "b0": ([1], [float("nan")])}
+    settings = [("lr=0.1", [0.4, 0.5], [{"run": "a0"}, {"run": "a1"}]), ("lr=1", [], [{"run": "b0"}])]
+    report.plot_grid(str(tmp_path / "sweep.svg"), settings, curves)
+    svg = ET.parse(tmp_path / "sweep.svg").getroot()
+    assert [len(ln.get("points").split()) for ln in svg.iter(f"{SVG}polyline")] == [2, 2]  # b0: no finite point
+    text = "".join(svg.itertext())
+    assert "lr=0.1" in text and "lr=1" in text and "nan" not in ET.tostring(svg, encoding="unicode")
+    assert sum(1 for p in svg.iter(f"{SVG}path") if "V" in p.get("d", "")) == 1  # one error bar, lr=0.1's
 
 
 def test_a_study_with_no_completed_trial_says_so(tmp_path, capsys):

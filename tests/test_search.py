@@ -112,7 +112,7 @@ def test_six_trials_on_two_groups_each_complete_pruned_or_failed(study):
     summary = {row.split(",")[0]: row.split(",")[1] for row in (ck / "search.csv").read_text().splitlines()[1:]}
     assert summary == {str(n): {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed"}[s]
                        for n, s in states.items()}
-    assert (ck / "search.png").stat().st_size > 0
+    assert (ck / "search.svg").stat().st_size > 0
     assert f"study {ck / 'study.journal'}: 6 trials" in r.stdout
     assert f"watch the study: optuna-dashboard {ck / 'study.journal'}" in r.stdout
 

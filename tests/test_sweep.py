@@ -60,7 +60,7 @@ def test_each_run_is_the_run_alone_and_a_diverged_run_ends_alone(data_dir, tmp_p
     assert rows["lr0.05"]["status"] == "finished" and rows["lr0.05"]["epochs"] == "2"
     assert rows["lr1e38"]["status"].startswith("failed: training diverged")
     assert not [f for f in ("ckpt.pth", "best.pth", "metrics.csv") if (ck / "lr1e38" / f).exists()]
-    assert (ck / "sweep.png").stat().st_size > 0
+    assert (ck / "sweep.svg").stat().st_size > 0
     assert "lr=0.05     1  " in r.stdout, r.stdout[-2000:]  # the table
     # The finished run, bitwise, is the same flags trained alone at np=2, with the same threads
     # per process (one) on both sides, whatever the machine's cores.

@@ -92,7 +92,7 @@ def test_a_sweep_is_a_parent_run_with_each_run_nested_under_it(server, data_dir,
     assert all(r.data.tags["mlflow.parentRunId"] == parent.info.run_id for r in children)
     assert all(steps(client, r.info.run_id) == [1] and r.info.status == "FINISHED" for r in children)
     assert parent.data.params["trainer"] == "main_sweep.py" and parent.info.status == "FINISHED"
-    assert {"sweep.csv", "sweep.png"} <= {f.path for f in client.list_artifacts(parent.info.run_id)}
+    assert {"sweep.csv", "sweep.svg"} <= {f.path for f in client.list_artifacts(parent.info.run_id)}
 
 
 def test_a_stopped_run_continues_its_mlflow_run_each_epoch_once(server, data_dir, tmp_path, jobs):

@@ -10,7 +10,7 @@ training run, written by the process that reports; the other ranks build nothing
 - **At the end** metrics.csv and curves.svg as artifacts, best.pth with --mlflow-log-model, and
   the run marked finished.
 - **main_sweep.py** is an MLflow run of its own (parent_run), with each run of a sweep and each
-  trial of a search nested under it; sweep.csv and sweep.png (search.csv, search.png) are its
+  trial of a search nested under it; sweep.csv and sweep.svg (search.csv, search.svg) are its
   artifacts at the end. A trial's run ends as Optuna ended the trial (end_trial).
 - **A server that stops answering** never stops training: the run says so in one line, keeps
   the epochs, and sends them when the server answers again, or at the end. A request waits at
