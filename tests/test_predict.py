@@ -105,6 +105,8 @@ def test_a_tree_is_bounded_by_its_busiest_link_and_filled_segment_by_segment():
         pytest.approx(scaling_model.message_s(4, 1e8, 1e10, params, algorithm="tree"))
     stretched = scaling_model.message_s(16, 1e8, 1e10, params + (0.1,), algorithm="tree")
     assert stretched - 1e-5 == pytest.approx((2 * 1e8 + 2 * 3 * seg) * wire * (1 + 0.1 * 3))
+    with pytest.raises(ValueError, match="not 'Tree'"):
+        scaling_model.message_s(8, 1e8, 1e10, params, algorithm="Tree")
     # A large message: the ring's 2 (N - 1) / N beats either tree's.
     assert scaling_model.message_s(8, 1e8, 1e10, params) < scaling_model.message_s(8, 1e8, 1e10, params,
                                                                                    algorithm="tree")

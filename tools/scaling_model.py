@@ -97,13 +97,15 @@ def ready_times(point):
 def tree_s(n, nbytes, bandwidth_bps, algorithm):
     """Seconds on the wire of a tree allreduce of nbytes over n processes, each on a link of
     bandwidth_bps each way. The busiest process bounds it: inside a binary tree it receives its
-    two children's bytes (one child's at n = 2) as the reduction goes up and sends them twice
-    over as the broadcast comes down. One binary tree ("binary-tree") does the two one after the
+    two children's bytes (one child's at n = 2) as the reduction goes up, and sends the result to
+    both as the broadcast comes down. One binary tree ("binary-tree") does the two one after the
     other: 2 x children x bytes. NCCL's double tree ("tree") halves the bytes of each tree and
     runs both phases at once, so each way a link carries twice the bytes (once at n = 2, where
     each process is the other's child in one tree and its parent in the other). Segments follow
     one another through the tree's levels: a pipeline of `depth` hops adds depth - 1 segments'
     time to each phase, up and down."""
+    if algorithm not in ALGORITHMS[1:]:
+        raise ValueError(f"a tree is one of {ALGORITHMS[1:]}, not {algorithm!r}")
     children = min(2, n - 1)
     if algorithm == "binary-tree":
         load, segment = 2 * children, children * TREE_SEGMENT_BYTES
@@ -128,6 +130,8 @@ def message_s(n, nbytes, rate_bps, params, fp16=False, nodes=None, intra_bps=Non
     spread = params[2] if len(params) > 2 else 0.0
     nbytes = nbytes * (0.5 if fp16 else 1.0)
     ring = n if nodes is None else nodes
+    if algorithm not in ALGORITHMS:
+        raise ValueError(f"the allreduce is one of {ALGORITHMS}, not {algorithm!r}")
     if algorithm != "ring":
         wire = tree_s(ring, nbytes, rate_bps * efficiency, algorithm) if ring > 1 else 0.0
         return latency + wire * (1 + spread * math.log2(max(ring, 2) / 2))
