@@ -129,10 +129,11 @@ def test_a_long_run_holds_back_only_its_own_group(data_dir, tmp_path):
 
 
 def test_a_failing_run_ends_alone_and_its_group_takes_the_next(data_dir, tmp_path):
-    # lr=1e38 at one step an epoch diverges in epoch 1; its group then trains the third run.
+    # lr=1e38 at one step an epoch diverges in epoch 1; its group then trains the third run. The
+    # other group's run trains 10 epochs, so that the failing group is free first by 9 of them.
     ck = tmp_path / "ck"
-    r = run(sweep_cmd(2, [*common_args(data_dir, ck, batch=1024), "--sweep", "lr=1e38,0.05,0.1"], "mpirun"),
-            timeout=300)
+    r = run(sweep_cmd(2, [*common_args(data_dir, ck, batch=1024, epochs=10), "--sweep", "lr=1e38,0.05,0.1"],
+                      "mpirun"), timeout=300)
     assert r.returncode == 1, r.stderr[-3000:]
     errors = [ln for ln in r.stderr.splitlines() if "main_sweep.py: error" in ln]
     assert len(errors) == 2 and errors[0].startswith("main_sweep.py: error: run lr1e38: training diverged"), errors
