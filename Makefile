@@ -14,7 +14,7 @@ setup:
 demo: setup
 	$(VENV)/bin/horovodrun -np 2 --gloo $(PY) main_horovod.py --dataset synthetic --arch lenet \
 		--epochs 8 --lr 0.05 --warmup-epochs 1 --checkpoint-dir $(DEMO_DIR) --overwrite
-	@echo "demo outputs: $(DEMO_DIR)/{ckpt.pth,best.pth,metrics.csv,curves.png,tb/}"
+	@echo "demo outputs: $(DEMO_DIR)/{ckpt.pth,best.pth,metrics.csv,curves.svg,tb/}"
 
 # Two workers (tests/conftest.py says which tests share one), then the tests that time
 # something, alone; it fails if either fails. The slowest tests are listed at the end.

@@ -181,7 +181,7 @@ if [ -n "$GPU_OPS" ]; then
     FLAVOUR="nccl-cc${HOROVOD_BUILD_CUDA_CC_LIST//,/_}"
 fi
 [ "$WITH_MPI" = 1 ] || FLAVOUR="$FLAVOUR-nompi"
-PATCHES=2  # raised whenever the fixes below change what is built
+PATCHES=3  # raised whenever the fixes below change what is built
 WHEEL_DIR="$CACHE/horovod-$HOROVOD_VERSION-p$PATCHES-torch${TORCH_VERSION//+/_}-$PYTAG-$FLAVOUR"
 
 installed_ok() {
@@ -223,6 +223,11 @@ build_wheel() {
         "$src/horovod/common/gloo/gloo_context.cc"
     grep -q 'gloo_iface_ = global_context.gloo_iface_;' "$src/horovod/common/gloo/gloo_context.cc" \
         || die "could not patch horovod/common/gloo/gloo_context.cc"
+    # Release, not setup.py's RelWithDebInfo: the same -O3 without debug information, a
+    # 1.5 MB wheel instead of 22 MB, and 136 s instead of 170 s on 2 cores. HOROVOD_DEBUG=1
+    # still builds Debug.
+    sed -i "s/else 'RelWithDebInfo'/else 'Release'/" "$src/setup.py"
+    grep -q "else 'Release'" "$src/setup.py" || die "could not set the build type in horovod's setup.py"
     # Fix 3: gcc 13 no longer includes <string> and <cstdint> through other headers.
     export CXXFLAGS="${CXXFLAGS:-} -include string -include cstdint"
     # Fix 10: Horovod's CMake asks distutils for Python's headers; Python 3.12 has no distutils,
@@ -268,7 +273,7 @@ if installed_ok; then
     log "horovod $HOROVOD_VERSION already installed ($FLAVOUR, torch $TORCH_VERSION)"
 else
     if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
-        log "building horovod $HOROVOD_VERSION from sdist ($FLAVOUR, torch $TORCH_VERSION); takes 3-8 min on 2 cores"
+        log "building horovod $HOROVOD_VERSION from sdist ($FLAVOUR, torch $TORCH_VERSION); takes 2-8 min on 2 cores"
         build_wheel
     else
         log "using cached wheel in $WHEEL_DIR"
