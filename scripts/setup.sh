@@ -117,7 +117,7 @@ PY
     PIP=("$PY" -m pip install -q)
     [ -n "${WHEELS:-}" ] && PIP+=(--no-index --find-links "$WHEELS")
     # Only what is missing: torch and torchvision are that Python's, mpi4py needs MPI.
-    need=() optional=()
+    wanted=() need=() optional=()
     while read -r req; do
         name=${req%%[=<> ]*} && name=${name%%\[*}  # psycopg[binary]: the package psycopg
         # ruff lints (make lint), .ci/run brings its own; kubernetes-validate checks the Kubernetes
@@ -127,11 +127,23 @@ PY
             torch|torchvision|ruff|kubernetes-validate|mlflow|'') continue ;;
             mpi4py) [ "$WITH_MPI" = 1 ] || continue ;;
         esac
-        "$PY" -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "$name" 2>/dev/null && continue
+        wanted+=("$req")
+    done < <(grep -v '^\s*#' requirements.txt)
+    # Which of them that Python lacks, in one start of it (each start loads its site folders).
+    absent=$("$PY" - "${wanted[@]}" <<'PY'
+import importlib.metadata as m, re, sys
+for req in sys.argv[1:]:
+    try:
+        m.version(re.split(r"[=<> \[]", req, maxsplit=1)[0])
+    except m.PackageNotFoundError:
+        print(req)
+PY
+) || die "TORCH=system: $PY could not check which requirements it has (its error is above)"
+    while read -r req; do
         # optuna serves main_sweep.py --search alone, psycopg its --storage: training goes on
         # without them.
-        case "$name" in optuna|psycopg) optional+=("$req") ;; *) need+=("$req") ;; esac
-    done < <(grep -v '^\s*#' requirements.txt)
+        case "$req" in '') ;; optuna*|psycopg*) optional+=("$req") ;; *) need+=("$req") ;; esac
+    done <<< "$absent"
     if [ ${#need[@]} -gt 0 ]; then
         log "installing what $PYTHON lacks: ${need[*]}"
         "${PIP[@]}" "${need[@]}"
