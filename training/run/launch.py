@@ -164,7 +164,7 @@ def _let_rank0_say_it(code):
     with the same status, quietly. Exiting at once, it could be first: torchrun and mpirun
     then end every other rank, rank 0 too, maybe before rank 0 has said anything (a usage
     error found while rank 0 was still importing torch). Not where MPI is initialized
-    (_in_mpi)."""
+    (_in_mpi), nor under horovodrun's elastic driver (_in_elastic_driver)."""
     for name in STOP_SIGNALS:
         signal.signal(getattr(signal, f"SIG{name}"), lambda *_: os._exit(code))
     time.sleep(RANK0_GRACE_S)
@@ -181,6 +181,13 @@ def _in_mpi():
         return mpi.COMM_WORLD.Get_size() > 1
     hvd = sys.modules.get("horovod.torch")
     return hvd is not None and hvd.is_initialized() and hvd.mpi_enabled()
+
+
+def _in_elastic_driver():
+    """Whether horovodrun's elastic driver started this process. It ends no worker for another's
+    exit: it waits until every worker has ended, rank 0 too, after it has spoken, so a wait
+    there would run its full time."""
+    return os.environ.get("HOROVOD_ELASTIC") == "1" and "HOROVOD_GLOO_RENDEZVOUS_ADDR" in os.environ
 
 
 def _exit_status(main, argv, finish, prog, where):
@@ -201,7 +208,7 @@ def _exit_status(main, argv, finish, prog, where):
             say(f"{prog}: error{where}: {e}")
         elif launcher_rank() == 0:
             say(f"{prog}: error: {e}")
-        elif launched() and not _in_mpi():
+        elif launched() and not _in_mpi() and not _in_elastic_driver():
             _let_rank0_say_it(e.exit_code)
         return e.exit_code
     except Exception as e:
