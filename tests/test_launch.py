@@ -132,6 +132,22 @@ def _only(monkeypatch, **env):
         monkeypatch.setenv(var, value)
 
 
+def test_another_rank_waits_for_rank0_only_where_its_launcher_would_end_it(capsys, monkeypatch):
+    """Rank 1 meeting an error every rank meets: under torchrun it waits (RANK0_GRACE_S) for
+    torchrun to end it once rank 0 has spoken; under horovodrun's elastic driver, which ends no
+    worker for another's exit, it returns at once. Quietly, either way."""
+    def fail(argv):
+        raise UsageError("bad")
+    waits = []
+    monkeypatch.setattr(launch.time, "sleep", waits.append)  # the wait recorded, not slept
+    _only(monkeypatch, RANK="1")
+    assert launch.run_cli(fail, argv=[]) == 2 and waits == [launch.RANK0_GRACE_S]
+    waits.clear()
+    _only(monkeypatch, HOROVOD_RANK="1", HOROVOD_ELASTIC="1", HOROVOD_GLOO_RENDEZVOUS_ADDR="127.0.0.1")
+    assert launch.run_cli(fail, argv=[]) == 2 and waits == []
+    assert capsys.readouterr().err == ""
+
+
 def test_launcher_rank_in_the_order_slurm_needs(monkeypatch):
     _only(monkeypatch, PMIX_RANK="3", SLURM_PROCID="3")  # srun --mpi=pmix: no OMPI_ variables
     assert launch.launcher_rank() == 3
