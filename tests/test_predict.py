@@ -14,8 +14,14 @@ from tools import allreduce, layer_profile, predict, scaling_model
 @pytest.fixture(scope="module")
 def probe():
     """A probe's figures as tools.allreduce writes them, for LeNet at batch 8 on this CPU: a
-    100 Mbit/s link fitted at 4 processes on 2 hosts, spread 0.05, steps of 10 to 13 ms."""
-    profile = layer_profile.measure("lenet", 8, steps=2)
+    100 Mbit/s link fitted at 4 processes on 2 hosts, spread 0.05, steps of 10 to 13 ms. The
+    profile's layers and bytes are LeNet's, its times fixed (1 ms forward and 1 ms backward a
+    layer): measured ones vary with the machine's load, and every term with them."""
+    measured = layer_profile.measure("lenet", 8, steps=2)
+    profile = dict(measured, layers=[dict(layer, forward_s=1e-3, backward_s=1e-3) for layer in measured["layers"]],
+                   tail_s=0.0, optimizer_s=5e-4)
+    profile["forward_s"], profile["backward_s"], _ = layer_profile.totals(profile)
+    profile["step_s"] = profile["forward_s"] + profile["backward_s"] + profile["optimizer_s"]
     return {"n": 4, "hosts": 2, "device": "cpu", "bandwidth_bps": 1e8, "latency_s": 1e-4, "spread": 0.05,
             "tensor_bytes": [b for layer in profile["layers"] for b in layer["bytes"]], "profile": profile,
             "step_times_s": [0.010, 0.010, 0.011, 0.012, 0.013], "backward_alone_s": 0.004,
