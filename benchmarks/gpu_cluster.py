@@ -89,7 +89,8 @@ def gpu_emulate(rows, profs, cfg, folder, modes):
 
 def flags_text(port, mode, compiled=False):
     text = {"default": "", "fp16": "--fp16-allreduce", "k4": "--batches-per-allreduce 4",
-            "fusion-off": "fusion off", "compiled": "--compile"}[mode]
+            "fusion-off": "fusion off", "compiled": "--compile",
+            "hierarchical": "--compile, hierarchical allreduce"}[mode]
     return f"{port} {text}".strip() if not compiled else f"{port} --compile {text}".strip()
 
 

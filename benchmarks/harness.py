@@ -193,6 +193,12 @@ def finish(res, figures, out, started, tail=()):
     (`tail`: the lines that end it)."""
     res["load_average"]["end"] = list(os.getloadavg())
     res["duration_s"] = time.perf_counter() - started
+    return rewrite(res, figures, out, tail)
+
+
+def rewrite(res, figures, out, tail=()):
+    """Judges the record and writes results.json, RESULTS.md (`tail`: the lines that end it) and
+    the figures' plots into `out`."""
     judge(res, figures)
     atomic_write(os.path.join(out, "results.json"), lambda f: f.write((json.dumps(res, indent=2) + "\n").encode()))
     write_markdown(os.path.join(out, "RESULTS.md"), res, figures, tail)

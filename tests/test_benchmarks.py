@@ -15,7 +15,7 @@ import types
 import pytest
 import torch
 
-from benchmarks import harness, run
+from benchmarks import dilated, harness, run
 from benchmarks.gpu import results_section
 
 ROOT = harness.ROOT
@@ -239,7 +239,7 @@ def test_a_short_step_is_timed_over_more_steps_up_to_the_most():
 
 
 def test_a_point_at_d_2d_4d_and_8d_loses_its_1_over_d_term_only_where_it_shows():
-    pair = run.scaling_model_heldout_error.without_1_over_d
+    pair = dilated.without_1_over_d
     at = lambda d, steps: {"dilation": d, "steps_s": steps, "cpu_share": 0.1 * d / 100}  # noqa: E731
     # step(D) = 5 ms + 0.4 s / D, with a little noise: 5 ms comes back, and the software cost 0.4 s.
     p = pair(at(100, [0.0089, 0.0091, 0.0090]), at(200, [0.0069, 0.0071, 0.0070]))

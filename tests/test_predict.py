@@ -91,6 +91,8 @@ def test_hierarchical_is_a_ring_of_nodes_between_two_steps_inside_them():
         scaling_model.message_s(32, 1e8, 1e10, params)
     assert scaling_model.message_s(32, 1e8, 1e10, params, nodes=4, intra_bps=1e12, intra_latency_s=2e-5) == \
         pytest.approx(across + inside + 2e-5)
+    # No intra_bps: the node's links taken as free (the emulator's loopback), its latency kept.
+    assert scaling_model.message_s(32, 1e8, 1e10, params, nodes=4, intra_latency_s=2e-5) == pytest.approx(across + 2e-5)
 
 
 def test_a_tree_is_bounded_by_its_busiest_link_and_filled_segment_by_segment():

@@ -162,6 +162,19 @@ def test_a_compute_of_whole_cycles_costs_horovod_a_cycle_more():
     assert scaling_model.step_s(dict(point, compute_s=1.6e-3), (1.0, 0.0)) == pytest.approx(2e-3, rel=1e-3)
 
 
+def test_the_composed_hierarchical_allreduce_waits_a_cycle_to_cross_and_gathers_as_the_crossing_ends():
+    # One message, all its time on the wire across (2.5 ms of latency, longer than the 1 ms
+    # cycle): the step inside the node is taken up at a cycle, the step across at the next one,
+    # the gather by the cycle that starts as it ends: one cycle more a step than one collective.
+    # Across in 0.4 ms, within its cycle: the gather waits for the cycle after, and the next
+    # step's message, ready 1.3 ms later, for the cycle after that: 4 ms a step against 2.
+    point = dict(n=4, rate_bps=1e18, tensors=[400], compute_s=1.3e-3, backward_s=0.5e-3, ready=[(0.5e-3, 400)])
+    steps = [scaling_model.step_s(dict(point, composed=c), (1.0, 2.5e-3)) for c in (False, True)]
+    assert steps[1] - steps[0] == pytest.approx(1e-3, rel=1e-6)
+    short = [scaling_model.step_s(dict(point, composed=c), (1.0, 0.4e-3)) for c in (False, True)]
+    assert short == pytest.approx([2e-3, 4e-3], rel=1e-6)
+
+
 def test_the_probe_fits_a_linear_link_exactly_and_a_bent_one_near_its_rate():
     # 1 ms a message and 100 Mbit/s at 4 processes, at the sizes the probe takes for LeNet.
     n, rate, lat = 4, 100e6, 1e-3

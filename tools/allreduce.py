@@ -18,7 +18,7 @@ beside an allreduce of the gradients (what a collective takes from compute). Whe
 runs the same number (2 or more) of processes, a node's own ring is timed too, and the
 hierarchical allreduce of all the gradients beside the flat ring's (the steps of
 HOROVOD_HIERARCHICAL_ALLREDUCE, made of Horovod's collectives over process sets: see
-time_hierarchical). Rank 0 times
+hierarchical). Rank 0 times
 Horovod's host cost of one allreduce request (in a process set of its own: no wire), profiles
 the model's layers (tools/layer_profile.py: when in the backward pass each gradient is ready)
 and prints, in a few lines, the efficiency the scaling model (tools/scaling_model.py) predicts for a training run at
@@ -95,22 +95,29 @@ def node_sets(hvd, hosts):
     return next(ps for ps, mine in nodes if mine), next(ps for ps, mine in crosses if mine)
 
 
+def hierarchical(hvd, t, node, cross, wait=None, name="probe.hier"):
+    """The sum of `t` over every process: the steps of HOROVOD_HIERARCHICAL_ALLREDUCE made of
+    Horovod's collectives over the node sets (gloo has no hierarchical path of its own). Inside
+    the node an allreduce, of which each process keeps its share (where
+    HOROVOD_HIERARCHICAL_ALLREDUCE reduce-scatters: Horovod 0.28.1's reducescatter over gloo
+    returned wrong sums in some calls), then an allreduce of each share across the nodes, an
+    allgather inside the node. `wait(handle)` waits for each (by default _wait)."""
+    wait = wait or (lambda handle: _wait(hvd, handle))
+    whole = wait(hvd.allreduce_async(t, op=hvd.Sum, name=f"{name}.node", process_set=node))
+    share = whole.chunk(node.size())[node.rank()]
+    share = wait(hvd.allreduce_async(share, op=hvd.Sum, name=f"{name}.cross", process_set=cross))
+    return wait(hvd.allgather_async(share, name=f"{name}.gather", process_set=node))
+
+
 def time_hierarchical(hvd, nbytes, device, repeats, node, cross):
-    """The fastest of `repeats` hierarchical allreduces of nbytes of float32, in seconds, on
-    every rank: the steps of HOROVOD_HIERARCHICAL_ALLREDUCE made of Horovod's collectives over
-    the node sets (gloo has no hierarchical path of its own). Inside the node an allreduce, of
-    which each process keeps its share (where HOROVOD_HIERARCHICAL_ALLREDUCE reduce-scatters:
-    Horovod 0.28.1's reducescatter over gloo returned wrong sums in some calls), then an
-    allreduce of each share across the nodes, an allgather inside the node."""
+    """The fastest of `repeats` hierarchical allreduces (hierarchical) of nbytes of float32, in
+    seconds, on every rank."""
     t = torch.ones(nbytes // 4, device=device)
     times = []
     for i in range(repeats + 1):
         hvd.barrier()
         t0 = time.perf_counter()
-        whole = _wait(hvd, hvd.allreduce_async(t, op=hvd.Sum, name="probe.hier.node", process_set=node))
-        share = whole.chunk(node.size())[node.rank()]
-        share = _wait(hvd, hvd.allreduce_async(share, op=hvd.Sum, name="probe.hier.cross", process_set=cross))
-        out = _wait(hvd, hvd.allgather_async(share, name="probe.hier.gather", process_set=node))
+        out = hierarchical(hvd, t, node, cross)
         _sync(device)
         if i:
             times.append(time.perf_counter() - t0)

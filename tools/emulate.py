@@ -96,20 +96,22 @@ def dilation(rate_bps, hosts, gpus_per_host=1, budget_bps=None):
     return d, effective / d
 
 
-def case(name, profile, k=1, fp16=False, compiled=False, steps=5, warmup=2):
+def case(name, profile, k=1, fp16=False, compiled=False, steps=5, warmup=2, hierarchical=False):
     """One case of a plan (tools/emulated_rank.py): a profile and the port's flags."""
     return {"name": name, "profile": profile, "k": k, "fp16": fp16, "compiled": compiled,
-            "steps": steps, "warmup": warmup}
+            "steps": steps, "warmup": warmup, "hierarchical": hierarchical}
 
 
 def model_point(profile, hosts, rate_bps, port="horovod", k=1, fp16=False, compiled=False, fusion=True,
-                gpus_per_host=1):
-    """The scaling model's point for an emulated case (rate_bps: the emulated link's)."""
-    return dict(n=hosts * gpus_per_host, rate_bps=rate_bps, tensors=gradient_bytes(profile),
-                compute_s=profile["step_s"], backward_s=profile["backward_s"],
-                ready=layer_profile.ready_times(profile, compiled == "regions"), k=k, fp16=fp16,
-                compiled=compiled, fusion=fusion,
-                port=port)
+                gpus_per_host=1, hierarchical=False):
+    """The scaling model's point for an emulated case (rate_bps: the emulated link's). A
+    hierarchical case runs gpus_per_host ranks a host, the steps inside it over the host's
+    loopback, unshaped (taken as free), in 3 collectives (emulated_rank.Composed)."""
+    point = dict(n=hosts * gpus_per_host, rate_bps=rate_bps, tensors=gradient_bytes(profile),
+                 compute_s=profile["step_s"], backward_s=profile["backward_s"],
+                 ready=layer_profile.ready_times(profile, compiled == "regions"), k=k, fp16=fp16,
+                 compiled=compiled, fusion=fusion, port=port)
+    return dict(point, nodes=hosts, intra_bps=None, composed=True) if hierarchical else point
 
 
 def gradient_bytes(profile):

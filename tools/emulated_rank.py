@@ -16,7 +16,11 @@ DDP's compiled wrapper is one graph per bucket, whose gradients come together. T
 optimizer (`SleepingOptimizer`) sleeps the step's time. Nothing else is replaced: Horovod's
 DistributedOptimizer from main_horovod.py with its hooks, cycles and fusion, or
 DistributedDataParallel from main_ddp.py with its buckets, over gloo, and the engine's
-optimizer_step.
+optimizer_step. A `hierarchical` case (Horovod, compiled) stands for
+HOROVOD_HIERARCHICAL_ALLREDUCE, which gloo lacks: after the backward pass every gradient goes in
+one flat buffer, as the compiled backward's one fused message, summed by the steps of the
+hierarchical allreduce made of Horovod's collectives over each host's and the cross-host process
+sets (tools.allreduce.hierarchical; `Composed`).
 
 Time is dilated by the plan's factor D: every sleep lasts D times the profiled time, and the
 launcher has divided the link rates by D and multiplied Horovod's cycle time by D. The rank
@@ -24,7 +28,7 @@ reports times divided by D. A sleeping rank uses no core: what CPU it uses is th
 and the loop's, which rank 0 reports with the step times.
 
 The plan is JSON: {"dilation": D, "cases": [{"name", "profile", "k", "fp16", "compiled",
-"steps", "warmup"}, ...]}, each case run in turn with a model and optimizer of its own.
+"steps", "warmup", "hierarchical" (optional)}, ...]}, each case run in turn with a model and optimizer of its own.
 Rank 0 writes {"cases": [{name, step_s, steps_s, phases_s, wall_s, cpu_s, rss_mb, private_mb}]}:
 times in emulated seconds, except wall_s (real seconds of the timed steps), and every rank's
 CPU seconds over them and memory. step_s is the mean of the timed steps, each phase the median.
@@ -34,6 +38,7 @@ import contextlib
 import json
 import os
 import resource
+import socket
 import statistics
 import sys
 import time
@@ -42,7 +47,7 @@ import types
 import torch
 
 import models
-from tools import layer_profile, scaling_model
+from tools import allreduce, layer_profile, scaling_model
 from training.run.phases import PhaseTimer
 import utils
 
@@ -199,16 +204,59 @@ class SleepingOptimizer(torch.optim.Optimizer):
                 p.grad = None
 
 
+class Composed:
+    """The optimizer behind the hierarchical allreduce composed of Horovod's collectives: its
+    synchronize() (what the engine's optimizer_step calls first) puts every gradient in one
+    flat buffer, sums it over the ranks (tools.allreduce.hierarchical, each collective waited
+    for asleep), and puts the average back; step() is the optimizer's."""
+    _handles = {}  # none for Port.wait_asleep: synchronize() waits for its own
+
+    def __init__(self, optimizer, hvd, sets, dilation):
+        if sets is None:
+            raise ValueError("a hierarchical case needs 2 or more hosts of the same number (2 or more) of ranks")
+        self.optimizer, self.hvd, (self.node, self.cross) = optimizer, hvd, sets
+        self.param_groups, self.poll_s = optimizer.param_groups, max(POLL_S * dilation, MIN_POLL_S)
+
+    def _wait(self, handle):
+        while not self.hvd.poll(handle):
+            time.sleep(self.poll_s)
+        return self.hvd.synchronize(handle)
+
+    def synchronize(self):
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        flat = allreduce.hierarchical(self.hvd, torch.cat([g.reshape(-1) for g in grads]), self.node, self.cross,
+                                      wait=self._wait, name="emulate.hier")
+        flat.div_(self.hvd.size())
+        at = 0
+        for g in grads:
+            g.copy_(flat[at:at + g.numel()].view_as(g))
+            at += g.numel()
+
+    @contextlib.contextmanager
+    def skip_synchronize(self):
+        yield
+
+    def step(self, closure=None):
+        return self.optimizer.step(closure)
+
+    def zero_grad(self, set_to_none=True):
+        self.optimizer.zero_grad(set_to_none)
+
+
 class Port:
     """What differs between Horovod and DDP for the loop: the job, the wrapped model and
-    optimizer, and the collectives the loop itself uses (barrier, gathering to rank 0)."""
+    optimizer, and the collectives the loop itself uses (barrier, gathering to rank 0).
+    `hierarchical`: Horovod with dynamic process sets, and the node and cross-node sets of the
+    hierarchical allreduce (tools.allreduce.node_sets; None where the hosts do not make them)."""
 
-    def __init__(self, name):
-        self.name = name
+    def __init__(self, name, hierarchical=False):
+        self.name, self.sets = name, None
         if name == "horovod":
             import horovod.torch as hvd
-            hvd.init()
+            hvd.init(**({"process_sets": "dynamic"} if hierarchical else {}))
             self.hvd, self.rank, self.size = hvd, hvd.rank(), hvd.size()
+            if hierarchical:
+                self.sets = allreduce.node_sets(hvd, hvd.allgather_object(socket.gethostname()))
         else:
             import torch.distributed as dist
 
@@ -216,8 +264,10 @@ class Port:
             process_group.join_job(torch.device("cpu"))
             self.dist, self.rank, self.size = dist, dist.get_rank(), dist.get_world_size()
 
-    def wrap(self, model, optimizer, case):
+    def wrap(self, model, optimizer, case, dilation=1.0):
         """(the model the loop calls, the optimizer it steps), as the real port makes them."""
+        if case.get("hierarchical"):
+            return model, Composed(optimizer, self.hvd, self.sets, dilation)
         if self.name == "horovod":
             import main_horovod
             args = types.SimpleNamespace(fp16_allreduce=case["fp16"], allreduce_groups=None,
@@ -261,7 +311,7 @@ def run_case(port, case, dilation):
     profile = case["profile"]
     model = SleepingModel(profile, dilation, case["compiled"], port.name)
     optimizer = SleepingOptimizer(model.parameters(), profile["optimizer_s"] * dilation)
-    train_model, optimizer = port.wrap(model, optimizer, case)
+    train_model, optimizer = port.wrap(model, optimizer, case, dilation)
     scaler = torch.amp.GradScaler("cpu", enabled=False)
     x = torch.zeros(())
     k, ddp = case["k"], port.name == "ddp"
@@ -327,7 +377,7 @@ def main(argv=None):
     torch.set_num_threads(1)  # a sleeping rank needs none; the allreduce's threads are its own
     with open(args.plan) as f:
         plan = json.load(f)
-    port = Port(args.port)
+    port = Port(args.port, any(case.get("hierarchical") for case in plan["cases"]))
     try:
         results = [run_case(port, case, plan["dilation"]) for case in plan["cases"]]
     finally:

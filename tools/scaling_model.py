@@ -46,7 +46,14 @@ has ended, so the backward pass hides what it can of them. Assumptions, each a s
   is a ring of nodes between two steps inside each node (message_s). Checked on namespace hosts
   of 2 processes each against the algorithm composed of Horovod's own collectives
   (benchmarks/figures/hierarchical_allreduce_error.py): gloo has no hierarchical path of its
-  own.
+  own. Composed so (`composed`), a message is 3 collectives, each enqueued when the one before
+  it ends, and a cycle of Horovod's thread takes up the process sets one after another (the
+  global set, the cross-node sets, the node sets). The step inside the node, on the emulator's
+  free loopback, ends within the cycle that takes it up, before the cross-node sets' turn: the
+  step across waits for the next cycle. As it ends, the node sets' turn in the same cycle comes
+  at once, before the gather is in; the next cycle, which starts at once where the step across
+  overran its own, or a cycle later, takes up the gather after the other sets have negotiated.
+  Horovod's own hierarchical allreduce on NCCL is one collective.
 - **Trees** (`algorithm`): "tree" is NCCL's double binary tree (NCCL_ALGO=Tree), two trees
   each carrying half the bytes, every process inside one and a leaf of the other, the reduction
   up and the broadcast down pipelined together; "binary-tree" is one binary tree, the reduction
@@ -125,7 +132,8 @@ def message_s(n, nbytes, rate_bps, params, fp16=False, nodes=None, intra_bps=Non
     node. The node's link carries 2 (nodes - 1) / nodes of the bytes, less than a flat ring's
     2 (n - 1) / n (which crosses it twice per node); the hierarchy's ring is also shorter, so
     its stretch grows with log2(nodes), not log2(n). It costs the two steps inside the node: a
-    ring allreduce's bytes over the node's links and intra_latency_s."""
+    ring allreduce's bytes over the node's links (none where intra_bps is None: links taken as
+    free) and intra_latency_s."""
     efficiency, latency = params[:2]
     spread = params[2] if len(params) > 2 else 0.0
     nbytes = nbytes * (0.5 if fp16 else 1.0)
@@ -139,7 +147,8 @@ def message_s(n, nbytes, rate_bps, params, fp16=False, nodes=None, intra_bps=Non
     inside = 0.0
     if nodes is not None and n > nodes:
         per_node = n / nodes
-        inside = intra_latency_s + 2 * (per_node - 1) / per_node * nbytes * 8 / (intra_bps * efficiency)
+        inside = intra_latency_s + (2 * (per_node - 1) / per_node * nbytes * 8 / (intra_bps * efficiency)
+                                    if intra_bps else 0.0)
     return latency + wire * (1 + spread * math.log2(max(ring, 2) / 2)) + inside
 
 
@@ -209,7 +218,12 @@ def horovod_step_s(point, ready, send, phase):
             while i < len(ready) and start + ready[i][0] < tick - TIE_S:
                 batch.append(ready[i][1])
                 i += 1
-            last = tick + sum(send(b) for b in fused(batch, fusion))
+            if point.get("composed"):  # inside the node, across (the bytes), inside again
+                across = tick + cycle
+                last = across + sum(send(b) for b in fused(batch, fusion))
+                tick = last = max(across + cycle, last)
+            else:
+                last = tick + sum(send(b) for b in fused(batch, fusion))
             tick = max(tick + cycle, last)
         end = max(last, start + backward)
         periods.append(end - done)
@@ -220,8 +234,10 @@ def horovod_step_s(point, ready, send, phase):
 def step_s(point, params):
     """The model's step time for a point: a dict with n, tensors (fp32 bytes of each gradient,
     in the model's parameter order), rate_bps, compute_s and backward_s (one batch, measured);
-    optional: ready, k, fp16, fusion, compiled, port, cycle_s, algorithm, and nodes (with
-    intra_bps and intra_latency_s for Horovod's hierarchical allreduce; message_s)."""
+    optional: ready, k, fp16, fusion, compiled, port, cycle_s, algorithm, nodes (with
+    intra_bps and intra_latency_s for Horovod's hierarchical allreduce; message_s), and composed
+    (Horovod: the hierarchical allreduce composed of 3 collectives; see the module's
+    docstring)."""
     k_compute = point.get("k", 1) * point["compute_s"]
     if point["n"] < 2:
         return k_compute

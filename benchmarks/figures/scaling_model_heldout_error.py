@@ -1,16 +1,16 @@
 """Figure scaling_model_heldout_error: the scaling model (tools/scaling_model.py) against the
-emulator (tools/emulate.py) on points it was not fitted to, from 2 to 8 namespace hosts; and the
+emulator (tools/emulate.py) on points it was not fitted to, from 2 to 16 namespace hosts; and the
 GPU-cluster table it answers, spot-checked by the emulator.
 
 Each point is an emulated job: one rank per namespace host, the real port (Horovod's
 DistributedOptimizer under horovodrun --gloo, or DDP over gloo under a torchrun per host) and
 the real allreduce over links shaped to 25 Gbit/s of emulated time, every layer sleeping its
 time from a layer profile, time dilated by D so that no core is short (tools/emulate.py's
-dilation(): D from 62 at 2 hosts to 250 at 8). Each point's step is the mean of its timed
+dilation(): D from 62 at 2 hosts to 250 at 8 and 500 at 16). Each point's step is the mean of its timed
 steps, as many as last about 3 s of real time (3 to 30), and each point runs at D and again at
 2D: a software cost of this machine that does not dilate adds up to c/D to a step. Where the step
 falls from D to 2D by more than its noise, the point runs at 4D, and at 8D if it falls again,
-and its step is read from where it stopped falling (without_1_over_d).
+and its step is read from where it stopped falling (benchmarks/dilated.py).
 Three models, each a CPU layer profile
 (tools/layer_profile.py, batch 32, one thread) scaled to a step of GPU size: ResNet-18 to the
 H100's measured step (results-gpu.json, batch 128, compiled bf16: 2.70 ms), MobileNetV2 and
@@ -19,16 +19,23 @@ allreduce takes microseconds, so a compute of whole cycles puts the step on a st
 edge (one cycle more or not, decided by microseconds of overhead; at 4 ms the emulator measured
 4.07 ms at 2 hosts and 4.87 at 4). Horovod with no flags, --fp16-allreduce,
 --batches-per-allreduce 4, fusion off (HOROVOD_FUSION_THRESHOLD=0) and the compiled backward
-(--compile); DDP with no flags, --batches-per-allreduce 4 and compiled.
+(--compile); DDP with no flags, --batches-per-allreduce 4 and compiled. At 16 hosts (wide_hosts)
+each port's defaults and Horovod compiled. And the hierarchical allreduce (hierarchical_hosts: 2
+and 4 hosts of 2 ranks each, MobileNetV2 and ResNet-18): Horovod compiled, its one message
+summed by HOROVOD_HIERARCHICAL_ALLREDUCE's steps composed of Horovod's collectives
+(tools/emulated_rank.py's Composed), a host's 2 ranks over its loopback, unshaped: a node's
+links taken as free.
 
 The model is fitted on 2 and 4 hosts: Horovod with no flags, fp16 and fusion off, and DDP with
-no flags. Everything else is held out: 3, 6 and 8 hosts, --batches-per-allreduce 4, the
-compiled backward. The figure is the largest relative error of the step time over the held-out
-points; scaling_model_mean_error, their mean, is recorded beside it (goal 0.05).
+no flags. Everything else is held out: 3, 6, 8 and 16 hosts, --batches-per-allreduce 4, the
+compiled backward, the hierarchical allreduce. The figure is the largest relative error of the
+step time over the held-out points; scaling_model_mean_error, their mean, is recorded beside it
+(goal 0.05). `python -m benchmarks.figures.scaling_model_heldout_error --add` measures some of
+the points and puts them into a committed figure, predicted by its fitted params (`added`
+records each such run).
 
 Also recorded: each point's CPU (the ranks' share of this machine's cores while timed) and
-memory, its steps at D and 2D and the software cost c; a job of 16 hosts (what this machine
-holds); and the GPU-cluster table: ResNet-18 on H100s, 8 to a
+memory, its steps at D and 2D and the software cost c; and the GPU-cluster table: ResNet-18 on H100s, 8 to a
 node on NVLink, at 8 to 64 GPUs with 25, 100 or 400 Gb/s between nodes, predicted by the fitted
 model in every cell, each row emulated at 32 GPUs (4 hosts standing for 4 nodes of 8 GPUs).
 """
@@ -38,7 +45,7 @@ import os
 import shutil
 import tempfile
 
-from benchmarks import harness
+from benchmarks import dilated, harness
 from benchmarks.gpu_cluster import (
     GPUS,
     flags_text,
@@ -53,19 +60,24 @@ from tools import emulate, layer_profile, scaling_model
 NAME = "scaling_model_heldout_error"
 GOAL = ("<=", 0.10)
 MEAN_GOAL = 0.05
-DESCRIPTION = "scaling model: largest relative error of the step time on held-out emulated jobs, 2-8 hosts"
+DESCRIPTION = "scaling model: largest relative error of the step time on held-out emulated jobs, 2-16 hosts"
 RATE_BPS = 25e9
 PROFILE_BATCH = 32
 # Per model, the GPU step it computes: seconds, or the name of an H100 run of results-gpu.json.
 MODELS = {"lenet": 1.3e-3, "mobilenetv2": 5e-3, "resnet18": "main_bs128_bf16"}
 MODES = {"default": {}, "fp16": {"fp16": True}, "k4": {"k": 4}, "fusion-off": {"fusion": False},
-         "compiled": {"compiled": True}}
+         "compiled": {"compiled": True}, "hierarchical": {"compiled": True, "hierarchical": True}}
 PORT_MODES = {"horovod": ("default", "fp16", "k4", "fusion-off", "compiled"), "ddp": ("default", "k4", "compiled")}
+# At the widest hosts (wide_hosts), each port's defaults and the compiled backward.
+WIDE_MODES = {"horovod": ("default", "compiled"), "ddp": ("default",)}
+# Hierarchical points (hierarchical_hosts): SLOTS ranks a host, the models with the most bytes.
+SLOTS, HIERARCHICAL_MODELS = 2, ("mobilenetv2", "resnet18")
 FIT = {("horovod", "default"), ("horovod", "fp16"), ("horovod", "fusion-off"), ("ddp", "default")}
-FULL = dict(hosts=(2, 3, 4, 6, 8), fit_hosts=(2, 4), models=tuple(MODELS), ports=("horovod", "ddp"), steps=3,
-            warmup=1, timed_s=3.0, max_steps=30, at_2d=True, most_d=8, capacity_hosts=16, gpu_table=True)
+FULL = dict(hosts=(2, 3, 4, 6, 8), wide_hosts=(16,), hierarchical_hosts=(2, 4), fit_hosts=(2, 4),
+            models=tuple(MODELS), ports=("horovod", "ddp"), steps=3, warmup=1, timed_s=3.0, max_steps=30, at_2d=True,
+            most_d=8, gpu_table=True)
 QUICK = dict(hosts=(2,), fit_hosts=(2,), models=("lenet",), ports=("horovod",), steps=2, warmup=1,
-             timed_s=0.0, max_steps=2, at_2d=False, capacity_hosts=None, gpu_table=False)
+             timed_s=0.0, max_steps=2, at_2d=False, gpu_table=False)
 
 def profiles(models):
     """Each model's CPU layer profile (batch 32, one thread), scaled to its GPU step."""
@@ -86,15 +98,26 @@ def profiles(models):
     return out, cpu
 
 
-def jobs(n, ports, archs):
+def jobs(ports, archs, port_modes=PORT_MODES):
     """The launches of one host count: (port, fusion, [(arch, mode)])."""
     out = []
     for port in ports:
-        modes = [m for m in PORT_MODES[port] if m != "fusion-off"]
+        modes = [m for m in port_modes[port] if m != "fusion-off"]
         out.append((port, True, [(a, m) for a in archs for m in modes]))
-        if "fusion-off" in PORT_MODES[port]:
+        if "fusion-off" in port_modes[port]:
             out.append((port, False, [(a, "fusion-off") for a in archs]))
     return out
+
+
+def groups(cfg):
+    """(hosts, ranks a host, launches) of every host count the figure runs: every mode at
+    cfg's hosts, WIDE_MODES at its wide_hosts, and the hierarchical allreduce of
+    HIERARCHICAL_MODELS at its hierarchical_hosts, SLOTS ranks a host."""
+    out = [(n, 1, jobs(cfg["ports"], cfg["models"])) for n in cfg["hosts"]]
+    out += [(n, 1, jobs(cfg["ports"], cfg["models"], WIDE_MODES)) for n in cfg.get("wide_hosts", ())]
+    tall = [a for a in cfg["models"] if a in HIERARCHICAL_MODELS]
+    return out + [(n, SLOTS, [("horovod", True, [(a, "hierarchical") for a in tall])])
+                  for n in cfg.get("hierarchical_hosts", ()) if tall]
 
 
 def emulated_points(hosts, n, d, shaped, launches, profs, cfg, rate=RATE_BPS, gpus_per_host=1, tag=None):
@@ -103,14 +126,15 @@ def emulated_points(hosts, n, d, shaped, launches, profs, cfg, rate=RATE_BPS, gp
     for port, fusion, todo in launches:
         flags = [MODES[m] for _, m in todo]
         model = [emulate.model_point(profs[a], n, rate, port, f.get("k", 1), f.get("fp16", False),
-                                     f.get("compiled", False), fusion, gpus_per_host) for (a, _), f in zip(todo, flags)]
+                                     f.get("compiled", False), fusion, gpus_per_host, f.get("hierarchical", False))
+                 for (a, _), f in zip(todo, flags)]
         cases = [emulate.case(f"{a} {m}", profs[a], f.get("k", 1), f.get("fp16", False), f.get("compiled", False),
-                              steps_for(point, d, cfg), cfg["warmup"])
+                              steps_for(point, d, cfg), cfg["warmup"], f.get("hierarchical", False))
                  for (a, m), f, point in zip(todo, flags, model)]
         results = emulate.run_plan(hosts, port, cases, d, fusion, timeout=7200)
         for (arch, mode), point, r in zip(todo, model, results):
-            points.append(dict(point, arch=arch, hosts=n, port=port, mode=mode, tag=tag, dilation=d,
-                               shaped_bps=shaped, step_s=r["step_s"], steps_s=r["steps_s"],
+            points.append(dict(point, arch=arch, hosts=n, slots=gpus_per_host, port=port, mode=mode, tag=tag,
+                               dilation=d, shaped_bps=shaped, step_s=r["step_s"], steps_s=r["steps_s"],
                                phases_s=r["phases_s"], cpu_share=emulate.cpu_share(r),
                                private_mb=max(m for m in r["private_mb"] if m is not None) if any(
                                    r["private_mb"]) else None, wall_s=r["wall_s"]))
@@ -128,95 +152,42 @@ def steps_for(point, d, cfg):
     return max(cfg["steps"], min(cfg["max_steps"], math.ceil(cfg["timed_s"] / real_s)))
 
 
-def mean_se(steps):
-    """The mean of a point's timed steps and its standard error."""
-    m = sum(steps) / len(steps)
-    var = sum((x - m) ** 2 for x in steps) / (len(steps) - 1) if len(steps) > 1 else 0.0
-    return m, (var / len(steps)) ** 0.5
-
-
-def falls(a, b):
-    """Whether the mean step of `a` exceeds that of `b` by more than twice their standard error."""
-    (s1, e1), (s2, e2) = mean_se(a["steps_s"]), mean_se(b["steps_s"])
-    return s1 - s2 > 2 * (e1 * e1 + e2 * e2) ** 0.5
-
-
-def without_1_over_d(at_d, at_2d, *further):
-    """One point from the same job at D and 2D and, where the step kept falling, at 4D, 8D, ...
-    (`further`, each the next doubling). A software cost that does not dilate (gloo's messages,
-    Python, between ranks sharing the cores) adds at most c/D to an emulated step. It can add
-    less: Horovod's step is a whole number of its cycles, so a cost that fits the slack of the
-    last cycle adds nothing, and one that outgrows it adds a cycle. As a function of 1/D the step
-    is then flat near 0 and rises further out (convex), so the line through two dilations,
-    extrapolated to 1/D = 0, falls at or below the true step (at it for a cost of exactly c/D),
-    and the step at the larger D lies above it. Where no fall shows from D to 2D (more than twice
-    their standard error), the step is the mean of all the timed steps. Where it falls: the mean
-    of the steps at the first two dilations between which it stopped falling; if it still fell
-    between the last two that ran, the middle of [2 step(last) - step(before), step(last)] (the
-    bracket is kept); with only D and 2D, 2 step(2D) - step(D).
-    Keeps every dilation's steps and c = D (step(D) - step), in real seconds."""
-    runs = [at_d, at_2d, *further]
-    means = [mean_se(r["steps_s"])[0] for r in runs]
-    term = falls(at_d, at_2d)
-    out = dict(at_d, step_s_at_d=means[0], one_over_d_term=term, cpu_share=max(r["cpu_share"] for r in runs))
-    for i, (r, m) in enumerate(zip(runs[1:], means[1:])):
-        out.update({f"step_s_at_{2 ** (i + 1)}d": m, f"steps_s_at_{2 ** (i + 1)}d": r["steps_s"]})
-    pooled = lambda *ps: sum(sum(p["steps_s"]) for p in ps) / sum(len(p["steps_s"]) for p in ps)  # noqa: E731
-    stopped = next((i for i in range(2, len(runs)) if not falls(runs[i - 1], runs[i])), None)
-    bracket = None
-    if not term:
-        step = pooled(*runs)
-    elif len(runs) == 2:
-        step = 2 * means[1] - means[0]
-    elif stopped is not None:
-        step = pooled(runs[stopped - 1], runs[stopped])
-    else:
-        bracket = [2 * means[-1] - means[-2], means[-1]]
-        step = sum(bracket) / 2
-    software = at_d["dilation"] * (means[0] - step) if term else 0.0
-    return dict(out, step_s=step, step_bracket_s=bracket, software_s=software)
-
-
 def measure(cfg, profs, folder):
-    """Every point of the held-out check: each at D, at 2D where cfg says at_2d, and at 4D, 8D,
-    ... up to cfg's most_d times D while its step keeps falling (see without_1_over_d); and the
-    capacity job."""
+    """Every point of the held-out check (groups): each at D, at 2D where cfg says at_2d, and
+    at 4D, 8D, ... up to cfg's most_d times D while its step keeps falling (see
+    dilated.without_1_over_d). A group of several ranks a host has the same D as one rank a host: its
+    links carry the same bytes, its cycles come no closer than CYCLES_APART allows."""
     points = []
-    for n in cfg["hosts"]:
+    for n, slots, launches in groups(cfg):
         d, shaped = emulate.dilation(RATE_BPS, n)
-        launches = jobs(n, cfg["ports"], cfg["models"])
-        with emulate.Hosts(n, shaped, folder) as hosts:
-            at_d = emulated_points(hosts, n, d, shaped, launches, profs, cfg)
+        d = max(d, n * slots * emulate.CYCLES_APART_S / scaling_model.CYCLE_S)
+        shaped = RATE_BPS / d
+        with emulate.Hosts(n, shaped, folder, slots) as hosts:
+            at_d = emulated_points(hosts, n, d, shaped, launches, profs, cfg, gpus_per_host=slots)
         if not cfg.get("at_2d"):
             points += at_d
             continue
-        with emulate.Hosts(n, shaped / 2, folder) as hosts:
-            at_2d = emulated_points(hosts, n, 2 * d, shaped / 2, launches, profs, cfg)
+        with emulate.Hosts(n, shaped / 2, folder, slots) as hosts:
+            at_2d = emulated_points(hosts, n, 2 * d, shaped / 2, launches, profs, cfg, gpus_per_host=slots)
         key = lambda p: (p["port"], p["arch"], p["mode"])  # noqa: E731
         runs = {key(p1): [p1, p2] for p1, p2 in zip(at_d, at_2d)}
-        falling, factor = {k for k, (p1, p2) in runs.items() if falls(p1, p2)}, 2
+        falling, factor = {k for k, (p1, p2) in runs.items() if dilated.falls(p1, p2)}, 2
         while falling and 2 * factor <= cfg.get("most_d", 2):
             factor *= 2
             again = [(port, fusion, [(a, m) for a, m in todo if (port, a, m) in falling])
                      for port, fusion, todo in launches]
-            with emulate.Hosts(n, shaped / factor, folder) as hosts:
+            with emulate.Hosts(n, shaped / factor, folder, slots) as hosts:
                 for p in emulated_points(hosts, n, factor * d, shaped / factor, [x for x in again if x[2]], profs,
-                                         cfg):
+                                         cfg, gpus_per_host=slots):
                     runs[key(p)].append(p)
-            falling = {k for k in falling if falls(runs[k][-2], runs[k][-1])}
+            falling = {k for k in falling if dilated.falls(runs[k][-2], runs[k][-1])}
         for p1 in at_d:
-            p = without_1_over_d(*runs[key(p1)])
+            p = dilated.without_1_over_d(*runs[key(p1)])
             points.append(p)
-            harness.log(f"{n} hosts, {p['arch']}, {p['port']} {p['mode']}: "
+            harness.log(f"{n} hosts x {slots}, {p['arch']}, {p['port']} {p['mode']}: "
                         + ", ".join(f"{r['step_s'] * 1e3:.2f} ms at {2 ** i}D".replace(" 1D", " D")
                                     for i, r in enumerate(runs[key(p1)]))
                         + f": {p['step_s'] * 1e3:.2f} ms")
-    if cfg["capacity_hosts"]:
-        n = cfg["capacity_hosts"]
-        d, shaped = emulate.dilation(RATE_BPS, n)
-        with emulate.Hosts(n, shaped, folder) as hosts:
-            points += emulated_points(hosts, n, d, shaped, [("horovod", True, [("lenet", "default")])], profs, cfg,
-                                      tag="capacity")
     return points
 
 
@@ -227,14 +198,10 @@ def run(cfg, ctx):
     folder = tempfile.mkdtemp(prefix="cifar-emulate-")
     try:
         points = measure(cfg, profs, folder)
-        main = [p for p in points if p["tag"] is None]
-        fitted = [p for p in main if p["hosts"] in cfg["fit_hosts"] and (p["port"], p["mode"]) in FIT]
-        held = [p for p in main if p not in fitted]
+        fitted = [p for p in points if p["hosts"] in cfg["fit_hosts"] and p["slots"] == 1
+                  and (p["port"], p["mode"]) in FIT]
         params = scaling_model.fit(fitted)
-        for p in points:
-            p["predicted_step_s"] = scaling_model.step_s(p, params)
-            p["relative_error"] = abs(p["predicted_step_s"] - p["step_s"]) / p["step_s"]
-            p["held_out"] = p in held
+        fig = judged({"params": dict(zip(("efficiency", "latency_s", "spread"), params))}, points, fitted)
         gpu = None
         if cfg["gpu_table"]:
             gprofs = gpu_profiles(cpu)
@@ -242,23 +209,60 @@ def run(cfg, ctx):
             gpu_emulate(gpu, gprofs, cfg, folder, MODES)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    for p in points:  # the model's inputs are long lists, rebuilt from the profiles kept below
+    return dict(fig, mean_goal=MEAN_GOAL,
+                profiles={a: {k: p[k] for k in ("source", "forward_s", "backward_s", "optimizer_s", "step_s",
+                                                 "arch", "layers", "tail_s")} for a, p in profs.items()},
+                gpu_table=gpu, plot="scaling_model.png",
+                setup={"hosts": list(cfg["hosts"]), "wide_hosts": list(cfg.get("wide_hosts", ())),
+                       "hierarchical_hosts": list(cfg.get("hierarchical_hosts", ())), "rate_bps": RATE_BPS,
+                       "steps": cfg["steps"], "warmup": cfg["warmup"],
+                       "fit": f"hosts {list(cfg['fit_hosts'])}: " + ", ".join(f"{p} {m}" for p, m in sorted(FIT)),
+                       "link_budget_bps": emulate.LINK_BUDGET_BPS})
+
+
+def judged(fig, points, fitted):
+    """fig with `points`, each predicted by fig's params and marked held out unless in `fitted`,
+    and the figure's value (the largest held-out error), mean and fit error."""
+    params = tuple(fig["params"][k] for k in ("efficiency", "latency_s", "spread"))
+    held = [p for p in points if p not in fitted]
+    for p in points:
+        p["predicted_step_s"] = scaling_model.step_s(p, params)
+        p["relative_error"] = abs(p["predicted_step_s"] - p["step_s"]) / p["step_s"]
+        p["held_out"] = p in held
+    for p in points:  # the model's inputs are long lists, rebuilt from the profiles kept
         for key in ("tensors", "ready"):
             p.pop(key, None)
     errors = [p["relative_error"] for p in held]
-    value = max(errors)
-    return {"value": value, "repeats": [value], "scaling_model_mean_error": sum(errors) / len(errors),
-            "mean_goal": MEAN_GOAL, "fit_error": max(p["relative_error"] for p in fitted),
-            "params": dict(zip(("efficiency", "latency_s", "spread"), params)), "points": points,
-            "profiles": {a: {k: p[k] for k in ("source", "forward_s", "backward_s", "optimizer_s", "step_s",
-                                               "arch", "layers", "tail_s")}
-                         for a, p in profs.items()},
-            "gpu_table": gpu, "plot": "scaling_model.png",
-            "setup": {"hosts": list(cfg["hosts"]), "rate_bps": RATE_BPS, "steps": cfg["steps"], "warmup": cfg["warmup"],
-                      "fit": f"hosts {list(cfg['fit_hosts'])}: " + ", ".join(f"{p} {m}" for p, m in sorted(FIT)),
-                      "link_budget_bps": emulate.LINK_BUDGET_BPS}}
+    return dict(fig, value=max(errors), repeats=[max(errors)], scaling_model_mean_error=sum(errors) / len(errors),
+                fit_error=max(p["relative_error"] for p in fitted), points=points)
 
 
+def add(cfg, path):
+    """Measure cfg's groups and put their points, held out, into the figure kept in the
+    results.json at `path` (in place of its points of the same hosts, ranks a host, port, model
+    and mode), predicted by its fitted params from its profiles: the figure's value and mean
+    then count them."""
+    with open(path) as f:
+        res = json.load(f)
+    fig = res["figures"][NAME]
+    folder = tempfile.mkdtemp(prefix="cifar-emulate-")
+    try:
+        new = measure(cfg, fig["profiles"], folder)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    key = lambda p: (p["hosts"], p.get("slots", 1), p["port"], p["arch"], p["mode"])  # noqa: E731
+    keep = [p for p in fig["points"] if key(p) not in {key(q) for q in new} and p["tag"] is None]
+    for p in keep:  # their model inputs, from the profiles, as measure() made them
+        f = MODES[p["mode"]]
+        p.update(emulate.model_point(fig["profiles"][p["arch"]], p["hosts"], p["rate_bps"], p["port"],
+                                     f.get("k", 1), f.get("fp16", False), f.get("compiled", False), p["fusion"],
+                                     p.get("slots", 1), f.get("hierarchical", False)))
+    points = keep + new
+    res["figures"][NAME] = judged(fig, points, [p for p in keep if not p.get("held_out", True)])
+    setup = res["figures"][NAME]["setup"]
+    for k in ("hosts", "wide_hosts", "hierarchical_hosts"):
+        setup[k] = sorted({*setup.get(k, ()), *cfg.get(k, ())})
+    return res
 # ============================================================================
 # RESULTS.md
 
@@ -283,12 +287,14 @@ def markdown(fig):
          "| hosts | " + " | ".join(archs) + " | time dilation D | ranks' CPU (share of the cores, most) | "
          "private memory a rank (MB, most) |",
          "| --- | " + " | ".join("---" for _ in archs) + " | --- | --- | --- |"]
-    for n in sorted({p["hosts"] for p in fig["points"] if p["tag"] is None}):
-        at = [p for p in fig["points"] if p["hosts"] == n and p["tag"] is None]
-        worst_of = [max((p["relative_error"] for p in held if p["hosts"] == n and p["arch"] == a), default=None)
-                    for a in archs]
+    where = lambda p: (p["hosts"], p.get("slots", 1))  # noqa: E731
+    for n, slots in sorted({where(p) for p in fig["points"] if p["tag"] is None}):
+        at = [p for p in fig["points"] if where(p) == (n, slots) and p["tag"] is None]
+        worst_of = [max((p["relative_error"] for p in held if where(p) == (n, slots) and p["arch"] == a),
+                        default=None) for a in archs]
         mem = [p["private_mb"] for p in at if p["private_mb"]]
-        L.append(f"| {n} | " + " | ".join("-" if x is None else f"{x:.3f}" for x in worst_of)
+        at_n = f"{n} x {slots}, hierarchical" if slots > 1 else f"{n}"
+        L.append(f"| {at_n} | " + " | ".join("-" if x is None else f"{x:.3f}" for x in worst_of)
                  + f" | {at[0]['dilation']:.0f} | {max(p['cpu_share'] for p in at):.2f} | "
                  + (f"{max(mem):.0f}" if mem else "n/a") + " |")
     extra = [p for p in fig["points"] if p["tag"]]
@@ -318,12 +324,16 @@ def markdown(fig):
           "D | CPU | held out |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     ms = lambda p, k: f"{p[k] * 1e3:.2f}" if k in p else "-"  # noqa: E731
     for p in sorted((p for p in fig["points"] if p["tag"] is None),
-                    key=lambda p: (p["arch"], p["hosts"], p["port"], p["mode"])):
+                    key=lambda p: (p["arch"], p["hosts"], p.get("slots", 1), p["port"], p["mode"])):
         at = " | ".join(ms(p, f"step_s_at_{k}d") for k in ("", 2, 4, 8)) if "step_s_at_2d" in p \
             else f"{p['step_s'] * 1e3:.2f} | - | - | -"
-        L.append(f"| {p['arch']} | {p['hosts']} | {flags_text(p['port'], p['mode'])} | {p['step_s'] * 1e3:.2f} | "
+        on = f"{p['hosts']} x {p['slots']}" if p.get("slots", 1) > 1 else f"{p['hosts']}"
+        L.append(f"| {p['arch']} | {on} | {flags_text(p['port'], p['mode'])} | {p['step_s'] * 1e3:.2f} | "
                  f"{at} | {p['predicted_step_s'] * 1e3:.2f} | {p['relative_error']:.3f} | {p['dilation']:.0f} | "
                  f"{p['cpu_share']:.2f} | {'yes' if p['held_out'] else 'fit'} |")
+    for a in fig.get("added", ()):
+        L += ["", f"Points measured later and put into this figure, predicted by the same fitted params: "
+              f"`{a['command']}` ({a['date_utc']}, commit {a['commit']})."]
     L += ["", f"![emulated and predicted step times; predicted GPU-cluster efficiency]({fig['plot']})", ""]
     if fig.get("gpu_table"):
         L += gpu_markdown(fig["gpu_table"])
@@ -344,7 +354,7 @@ def plot(fig, path):
     lim = max(p["step_s"] for p in main) * 1.1e3
     a.plot([0, lim], [0, lim], color="grey", lw=0.8)
     a.set(xscale="log", yscale="log", xlabel="emulated step (ms)", ylabel="predicted step (ms)",
-          title="emulated jobs, 2-8 hosts")
+          title="emulated jobs, 2-16 hosts")
     a.legend(fontsize="x-small")
     for r in fig.get("gpu_table") or []:
         if r["batch"] != 128 or r["port"] != "horovod" or r["mode"] != "default":
@@ -362,23 +372,47 @@ def plot(fig, path):
 
 
 def main(argv=None):
-    """A part of the figure, on chosen hosts, models and ports: its points and errors as JSON."""
+    """A part of the figure, on chosen hosts, models and ports: its points and errors as JSON;
+    or, with --add, those points put into the figure of a results.json (add)."""
     import argparse
     p = argparse.ArgumentParser(prog="python -m benchmarks.figures.scaling_model_heldout_error",
                                 description=main.__doc__)
-    p.add_argument("--hosts", default="2,3,4,6,8", help="host counts (default: %(default)s)")
+    p.add_argument("--hosts", default="2,3,4,6,8", help="host counts, every mode (default: %(default)s)")
+    p.add_argument("--wide-hosts", default="", help="host counts, WIDE_MODES only (e.g. 16)")
+    p.add_argument("--hierarchical-hosts", default="", help=f"host counts of {SLOTS} ranks, hierarchical (e.g. 2,4)")
     p.add_argument("--models", default=",".join(MODELS), help="(default: %(default)s)")
     p.add_argument("--ports", default="horovod,ddp", help="(default: %(default)s)")
     p.add_argument("--single-d", action="store_true", help="each point at D alone, not at D and 2D")
+    p.add_argument("--add", action="store_true", help="put the points into --out's figure (a results.json), "
+                   "predicted by its fitted params, and rewrite it and its RESULTS.md")
     p.add_argument("--out", required=True, help="the JSON to write")
     args = p.parse_args(argv)
-    hosts = tuple(int(x) for x in args.hosts.split(","))
-    cfg = dict(FULL, hosts=hosts, fit_hosts=tuple(h for h in FULL["fit_hosts"] if h in hosts),
-               models=tuple(args.models.split(",")), ports=tuple(args.ports.split(",")), at_2d=not args.single_d,
-               capacity_hosts=None, gpu_table=False)
-    fig = run(cfg, None)
-    with open(args.out, "w") as f:
-        json.dump(fig, f, indent=1)
+    counts = lambda text: tuple(int(x) for x in text.split(",") if x)  # noqa: E731
+    hosts = counts(args.hosts)
+    cfg = dict(FULL, hosts=hosts, wide_hosts=counts(args.wide_hosts),
+               hierarchical_hosts=counts(args.hierarchical_hosts),
+               fit_hosts=tuple(h for h in FULL["fit_hosts"] if h in hosts), models=tuple(args.models.split(",")),
+               ports=tuple(args.ports.split(",")), at_2d=not args.single_d, gpu_table=False)
+    if args.add:
+        import datetime
+        import shlex
+        import sys
+
+        from benchmarks import run as bench
+        from benchmarks.gpu import results_section
+        res = add(cfg, args.out)
+        res["figures"][NAME].setdefault("added", []).append(
+            {"date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
+             "commit": harness.machine_info()["commit"],
+             "command": shlex.join(["python", "-m", "benchmarks.figures.scaling_model_heldout_error",
+                                    *(sys.argv[1:] if argv is None else argv)])})
+        harness.rewrite(res, bench.FIGURES, os.path.dirname(args.out),
+                        tail=results_section.lines(os.path.dirname(args.out)))
+        fig = res["figures"][NAME]
+    else:
+        fig = run(cfg, None)
+        with open(args.out, "w") as f:
+            json.dump(fig, f, indent=1)
     if fig.get("value") is not None:
         print("\n".join(markdown(dict(fig, plot="(not drawn)"))))
     return 0 if fig.get("value") is not None else 1
