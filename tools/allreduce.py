@@ -85,13 +85,15 @@ def node_sets(hvd, hosts):
     """(this process's node, its cross-node set), the process sets of the hierarchical
     allreduce: the processes of each host, and the processes of the same place on every host.
     None unless the job spans 2 or more hosts of the same number (2 or more) of processes.
-    Made on every rank alike (adding a process set is a collective)."""
+    Made on every rank alike (adding a process set is a collective); the cross-node sets first,
+    so that a cycle of Horovod's thread, which takes up the sets in the order they were made,
+    reaches the node sets last (tools/scaling_model.py: the composed hierarchical allreduce)."""
     units = ring_units(hosts)
     if len(units) < 2 or len({len(u) for u in units}) > 1 or len(units[0]) < 2:
         return None
     me = hvd.rank()
-    nodes = [(hvd.add_process_set(u), me in u) for u in units]
     crosses = [(hvd.add_process_set([u[i] for u in units]), me in [u[i] for u in units]) for i in range(len(units[0]))]
+    nodes = [(hvd.add_process_set(u), me in u) for u in units]
     return next(ps for ps, mine in nodes if mine), next(ps for ps, mine in crosses if mine)
 
 
