@@ -10,7 +10,8 @@
 #   bash benchmarks/gpu/commands.sh ports OUT [--kit KIT] [--budget SECONDS] [check.py flags]
 #       Horovod's wheel from OUT (or a build), benchmarks/gpu/traces.py horovod (its three paths
 #       under torch.profiler), then benchmarks/gpu/check.py's jobs (the ports beside main.py, its
-#       paths, Horovod's levers, resumes, CUDA paths), merged into OUT/results-gpu.json
+#       paths, Horovod's levers, resumes, CUDA paths), merged into OUT/results-gpu.json, and the
+#       allreduce probe on this GPU (tools/allreduce.py: the scaling model's terms), OUT/probe-gpu.json
 #
 # The traces are read on any machine afterwards: python -m benchmarks.gpu.trace_report OUT/traces
 #
@@ -101,8 +102,14 @@ ports)
         "${smoke[@]}" \
         2>&1 | tee "$out/traces-horovod.log"
     [ ${#smoke[@]} -eq 0 ] || extra+=(--device cpu --quick --images 200 --only "bf16 --compile, regions")
-    timeout "$((budget - (SECONDS - started) - 10))" .venv/bin/python -m benchmarks.gpu.check --no-setup \
+    timeout "$((budget - (SECONDS - started) - 70))" .venv/bin/python -m benchmarks.gpu.check --no-setup \
         --images 50000 --merge "$out/results-gpu.json" --out "$out/gpu-check.json" "${extra[@]}" 2>&1 \
         | tee "$out/ports.log"
+    # the scaling model's terms on this GPU: one step's time over many steps (the slowest of N),
+    # the backward beside Horovod's allreduce (NCCL's kernels at size 1), a request's host cost
+    probe=(--arch resnet18 --batch-size 128 --steps 300 --repeats 5)
+    [ ${#smoke[@]} -eq 0 ] || probe=(--arch lenet --batch-size 8 --steps 5 --repeats 1)
+    timeout "$((budget - (SECONDS - started) - 5))" .venv/bin/python -m tools.allreduce "${probe[@]}" \
+        --json "$out/probe-gpu.json" 2>&1 | tee "$out/probe.log"
     ;;
 esac
