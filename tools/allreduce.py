@@ -112,7 +112,7 @@ def hierarchical(hvd, t, node, cross, wait=None, name="probe.hier"):
 
 
 def time_hierarchical(hvd, nbytes, device, repeats, node, cross):
-    """The fastest of `repeats` hierarchical allreduces (hierarchical) of nbytes of float32, in
+    """The fastest of `repeats` hierarchical allreduces (see hierarchical) of nbytes of float32, in
     seconds, on every rank."""
     t = torch.ones(nbytes // 4, device=device)
     times = []
