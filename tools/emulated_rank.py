@@ -204,6 +204,12 @@ class SleepingOptimizer(torch.optim.Optimizer):
                 p.grad = None
 
 
+def poll_asleep(hvd, handles, dilation):
+    """Until Horovod's `handles` have ended, asleep between looks (POLL_S of emulated time)."""
+    while not all(hvd.poll(h) for h in handles):
+        time.sleep(max(POLL_S * dilation, MIN_POLL_S))
+
+
 class Composed:
     """The optimizer behind the hierarchical allreduce composed of Horovod's collectives: its
     synchronize() (what the engine's optimizer_step calls first) puts every gradient in one
@@ -215,11 +221,10 @@ class Composed:
         if sets is None:
             raise ValueError("a hierarchical case needs 2 or more hosts of the same number (2 or more) of ranks")
         self.optimizer, self.hvd, (self.node, self.cross) = optimizer, hvd, sets
-        self.param_groups, self.poll_s = optimizer.param_groups, max(POLL_S * dilation, MIN_POLL_S)
+        self.param_groups, self.dilation = optimizer.param_groups, dilation
 
     def _wait(self, handle):
-        while not self.hvd.poll(handle):
-            time.sleep(self.poll_s)
+        poll_asleep(self.hvd, [handle], self.dilation)
         return self.hvd.synchronize(handle)
 
     def synchronize(self):
@@ -283,9 +288,7 @@ class Port:
         on a condition inside backward()."""
         if self.name != "horovod":
             return
-        handles = [h for h, _ in optimizer._handles.values() if h is not None]
-        while not all(self.hvd.poll(h) for h in handles):
-            time.sleep(max(POLL_S * dilation, MIN_POLL_S))
+        poll_asleep(self.hvd, [h for h, _ in optimizer._handles.values() if h is not None], dilation)
 
     def barrier(self):
         if self.name == "horovod":
