@@ -92,16 +92,22 @@ def operator_errors(doc):
     pkg/apis/kubeflow/validation, the Training Operator's PyTorchJob webhook)."""
     errs = []
     if doc["kind"] == "MPIJob":
-        specs, one = doc["spec"].get("mpiReplicaSpecs") or {}, "Launcher"
+        specs = doc["spec"].get("mpiReplicaSpecs") or {}
         if doc["spec"].get("runPolicy", {}).get("cleanPodPolicy") not in ("None", "Running", "All"):
             errs.append("runPolicy.cleanPodPolicy must be None, Running or All")
+        if "Launcher" not in specs:
+            errs.append("no Launcher replica spec")
     else:
-        specs, one = doc["spec"].get("pytorchReplicaSpecs") or {}, "Master"
+        specs = doc["spec"].get("pytorchReplicaSpecs") or {}
+        if doc["spec"].get("elasticPolicy") is not None and "Worker" not in specs:
+            errs.append("Worker must be configured if elastic policy is used")
         for role, spec in specs.items():
-            if not any(c.get("name") == "pytorch" for c in spec["template"]["spec"]["containers"]):
+            containers = spec["template"]["spec"]["containers"]
+            if not any(c.get("name") == "pytorch" for c in containers):
                 errs.append(f"{role} needs a container named pytorch")
-    if one not in specs:
-        errs.append(f"no {one} replica spec")
+            if not all(c.get("image") for c in containers):
+                errs.append(f"{role} has a container without an image")
+    one = "Launcher" if doc["kind"] == "MPIJob" else "Master"
     for role, spec in specs.items():
         if spec.get("replicas") is None or spec["replicas"] < 1 or (role == one and spec["replicas"] != 1):
             errs.append(f"{role}.replicas {spec.get('replicas')}")
@@ -114,33 +120,290 @@ def job(docs):
     return next(d for d in docs if d["kind"] in ("MPIJob", "PyTorchJob"))
 
 
-def pods(doc):
+def templates(doc):
     specs = doc["spec"].get("mpiReplicaSpecs") or doc["spec"]["pytorchReplicaSpecs"]
-    return {role: spec["template"]["spec"] for role, spec in specs.items()}
+    return {role: spec["template"] for role, spec in specs.items()}
+
+
+def pods(doc):
+    return {role: t["spec"] for role, t in templates(doc).items()}
+
+
+def created_templates(doc):
+    """The pod templates as the operator creates the pods: the Training Operator v1.9 adds to
+    every Worker of a PyTorchJob with a Master its init container `init-pytorch` (alpine's
+    nslookup of the master, no securityContext: pkg/controller.v1/pytorch/initcontainer.go);
+    the MPI Operator v0.8 adds none."""
+    out = copy.deepcopy(templates(doc))
+    if doc["kind"] == "PyTorchJob" and "Master" in out and "Worker" in out:
+        out["Worker"]["spec"].setdefault("initContainers", []).append({
+            "name": "init-pytorch", "image": "alpine:3.10", "command": ["sh", "-c", "nslookup ..."],
+            "resources": {"limits": {"cpu": "100m", "memory": "20Mi"}, "requests": {"cpu": "50m", "memory": "10Mi"}}})
+    return out
+
+
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                      "projected", "secret"}
+
+
+def restricted_errors(spec):
+    """What the restricted Pod Security Standard (Kubernetes' pod-security admission, the
+    baseline and restricted checks) refuses in a pod spec; empty when it admits it."""
+    errs, pod = [], spec.get("securityContext") or {}
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if spec.get(key):
+            errs.append(key)
+    errs += [f"volume {v['name']}: {sorted(set(v) - {'name'})}" for v in spec.get("volumes", [])
+             if not set(v) - {"name"} <= RESTRICTED_VOLUMES]
+    for c in spec.get("initContainers", []) + spec["containers"]:
+        sc, name = c.get("securityContext") or {}, c["name"]
+
+        def value(key, sc=sc):  # the container's own setting, else the pod's
+            return sc[key] if key in sc else pod.get(key)
+        if sc.get("privileged"):
+            errs.append(f"{name}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            errs.append(f"{name}: allowPrivilegeEscalation must be false")
+        caps = sc.get("capabilities") or {}
+        if "ALL" not in caps.get("drop", []):
+            errs.append(f"{name}: capabilities must drop ALL")
+        if set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+            errs.append(f"{name}: capabilities added {caps['add']}")
+        if value("runAsNonRoot") is not True:
+            errs.append(f"{name}: runAsNonRoot must be true")
+        if value("runAsUser") == 0:
+            errs.append(f"{name}: runAsUser 0")
+        if (value("seccompProfile") or {}).get("type") not in ("RuntimeDefault", "Localhost"):
+            errs.append(f"{name}: seccompProfile must be RuntimeDefault or Localhost")
+        if any(p.get("hostPort") for p in c.get("ports", [])):
+            errs.append(f"{name}: hostPort")
+    return errs
+
+
+def job_errors(doc):
+    """What this project asks of a job beyond what admits it: the pods as the operator makes them
+    under the restricted profile, requests and a memory limit on every container, a size on
+    every memory-backed emptyDir, no Istio sidecar, a TTL, images at a registry and a fixed tag,
+    the launcher's mpirun for Open MPI 4 and 5, torchrun from the image's venv."""
+    errs = []
+    if not doc["spec"].get("runPolicy", {}).get("ttlSecondsAfterFinished"):
+        errs.append("runPolicy.ttlSecondsAfterFinished")
+    for role, template in created_templates(doc).items():
+        spec = template["spec"]
+        errs += [f"{role}: {e}" for e in restricted_errors(spec)]
+        if (template.get("metadata") or {}).get("annotations", {}).get("sidecar.istio.io/inject") != "false":
+            errs.append(f"{role}: no sidecar.istio.io/inject: \"false\"")
+        for v in spec.get("volumes", []):
+            if (v.get("emptyDir") or {}).get("medium") == "Memory" and "sizeLimit" not in v["emptyDir"]:
+                errs.append(f"{role}: emptyDir {v['name']} without sizeLimit")
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            res = c.get("resources") or {}
+            if not {"cpu", "memory"} <= set(res.get("requests", {})) or "memory" not in res.get("limits", {}):
+                errs.append(f"{role}: {c['name']} needs cpu and memory requests and a memory limit")
+            image = c.get("image", "")
+            host, _, rest = image.partition("/")
+            tag = rest.rpartition(":")[2] if ":" in rest else ""
+            if not rest or not ("." in host or ":" in host or host == "localhost") or (
+                    "@" not in rest and tag in ("", "latest")):
+                errs.append(f"{role}: image {image!r} is not a registry's, at a fixed tag")
+    if doc["kind"] == "MPIJob":
+        errs += launcher_errors(templates(doc)["Launcher"]["spec"]["containers"][0])
+    else:
+        if "Master" in templates(doc):
+            errs.append("a Master replica: its Workers get the operator's init container")
+        if (doc["spec"].get("elasticPolicy") or {}).get("rdzvBackend") != "c10d":
+            errs.append("no elasticPolicy with rdzvBackend c10d: without a Master, the rendezvous")
+        for role, template in templates(doc).items():
+            c = next(c for c in template["spec"]["containers"] if c["name"] == "pytorch")
+            if c["command"][:3] != [VENV_PYTHON, "-m", "torch.distributed.run"]:
+                errs.append(f"{role}: torchrun is not the image's venv's: {c['command'][:3]}")
+            if not any(p.get("name") == "pytorchjob-port" for p in c.get("ports", [])):
+                errs.append(f"{role}: no port pytorchjob-port (the rendezvous endpoint's)")
+    return errs
+
+
+VENV_PYTHON = "/opt/cifar/.venv/bin/python"  # the Dockerfile's venv, first on its PATH
+
+
+def launcher_errors(container):
+    """The launcher's mpirun, as Open MPI 4 and 5 both run it."""
+    words = container.get("command", []) + container.get("args", [])
+    errs, mpirun = [], words[words.index("mpirun") + 1:] if "mpirun" in words else []
+    pairs = list(zip(mpirun, mpirun[1:]))
+    if ("--hostfile", "/etc/mpi/hostfile") not in pairs:
+        errs.append("mpirun without --hostfile /etc/mpi/hostfile (Open MPI 5 ignores OMPI_MCA_orte_default_hostfile)")
+    for want in (("pml", "ob1"), ("btl", "^openib")):
+        if want not in pairs:
+            errs.append(f"mpirun without --mca {' '.join(want)}")
+    forwarded = {b.split("=")[0] for a, b in pairs if a == "-x"}
+    if words[:3] == ["bash", "/opt/cifar/deploy/kubernetes/mpi-pod.sh", "launcher"]:
+        forwarded |= {e["name"] for e in container.get("env", [])}  # it forwards every NCCL_* it has
+    nccl = {e["name"] for e in container.get("env", []) if e["name"].startswith("NCCL_")}
+    if not nccl or nccl - forwarded:
+        errs.append(f"NCCL settings not forwarded with -x: {sorted(nccl - forwarded) or 'none set'}")
+    if VENV_PYTHON not in mpirun:
+        errs.append("the ranks' python is not the image's venv's")
+    return errs
+
+
+def mpi_pod_launcher(tmp_path, *args, **env):
+    """What mpi-pod.sh's launcher runs for `mpi-pod.sh launcher mpirun ARGS...`, as it runs here:
+    on a hostfile of no hosts (none to wait for), with a script in mpirun's place that prints its
+    arguments and environment: (mpirun's arguments, its variables)."""
+    for d in ("ssh", "bin"):
+        (tmp_path / d).mkdir()
+    (tmp_path / "ssh" / "id_rsa").write_text("")
+    (tmp_path / "hostfile").write_text("# no hosts\n")
+    (tmp_path / "bin" / "mpirun").write_text('#!/bin/sh\nprintf "%s\\n" "$@"; echo ---; env\n')
+    (tmp_path / "bin" / "mpirun").chmod(0o755)
+    r = subprocess.run(["bash", os.path.join(DEPLOY, "mpi-pod.sh"), "launcher", "mpirun", *args],
+                       capture_output=True, text=True, timeout=60,
+                       env=dict(env, PATH=f"{tmp_path}/bin:{os.environ['PATH']}", SSH_DIR=str(tmp_path / "ssh"),
+                                OMPI_MCA_orte_default_hostfile=str(tmp_path / "hostfile")))
+    assert r.returncode == 0, r.stderr
+    argv, _, variables = r.stdout.partition("---\n")
+    return argv.splitlines(), dict(ln.split("=", 1) for ln in variables.splitlines() if "=" in ln)
+
+
+def layout_errors(rendered):
+    """Across the folders: the claim in storage/ alone (deleting a job keeps the data), every job
+    mounting it, and each job's checkpoints in a folder of its own."""
+    errs = []
+    claims = [d["metadata"]["name"] for d in rendered["storage"] if d["kind"] == "PersistentVolumeClaim"]
+    if len(claims) != 1 or not rendered["storage"][0]["spec"].get("storageClassName"):
+        errs.append("storage/ must hold one claim, with its storage class")
+    folders = {}
+    for folder, docs in rendered.items():
+        if folder == "storage":
+            continue
+        if any(d["kind"] == "PersistentVolumeClaim" for d in docs):
+            errs.append(f"{folder}/ holds a claim: kubectl delete -k {folder}/ would delete the data")
+        doc = job(docs)
+        for role, template in templates(doc).items():
+            if not any((v.get("persistentVolumeClaim") or {}).get("claimName") in claims
+                       for v in template["spec"]["volumes"]):
+                errs.append(f"{folder}: {role} does not mount the claim of storage/")
+        words = [w for t in templates(doc).values() for c in t["spec"]["containers"]
+                 for w in c.get("command", []) + c.get("args", [])]
+        if "--auto-resume" not in words or "--checkpoint-dir" not in words:
+            errs.append(f"{folder}: no --auto-resume --checkpoint-dir")
+            continue
+        folders.setdefault(words[words.index("--checkpoint-dir") + 1], set()).add(doc["metadata"]["name"])
+    errs += [f"jobs {sorted(jobs)} share the checkpoint folder {d}" for d, jobs in folders.items() if len(jobs) > 1]
+    errs += [f"checkpoint folder {d} not on the claim's own folder of the job" for d in folders
+             if not d.startswith("/runs/") or d in ("/runs/data", "/runs/checkpoint")]
+    return errs
+
+
+def rendered_all():
+    return {f: render(f) for f in FOLDERS + ("storage",)}
 
 
 @pytest.mark.parametrize("folder", FOLDERS)
-def test_each_manifest_passes_its_operators_schema_and_checks(folder):
+def test_each_job_passes_its_operators_schema_and_checks_and_the_restricted_profile(folder):
     docs = render(folder)
-    assert sorted(d["kind"] for d in docs) == sorted(["PersistentVolumeClaim",
-                                                      "PyTorchJob" if folder == "ddp" else "MPIJob"])
-    for doc in docs:
-        assert schema_errors(doc) == "", doc["kind"]
-    assert operator_errors(job(docs)) == []
-    # Every pod runs as the image's user 1000, not root, and mounts the claim the job's restarts
-    # resume from, which --auto-resume reads.
-    claim = next(d for d in docs if d["kind"] == "PersistentVolumeClaim")["metadata"]["name"]
-    for role, spec in pods(job(docs)).items():
-        assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 1000
-        assert any(v.get("persistentVolumeClaim", {}).get("claimName") == claim for v in spec["volumes"]), role
-    words = [w for spec in pods(job(docs)).values() for c in spec["containers"] for w in
-             c.get("command", []) + c.get("args", [])]
-    assert "--auto-resume" in words and "/runs/checkpoint" in words
+    assert [d["kind"] for d in docs] == ["PyTorchJob" if folder == "ddp" else "MPIJob"]
+    assert schema_errors(docs[0]) == ""
+    assert operator_errors(docs[0]) == []
+    assert job_errors(docs[0]) == []
 
 
-def test_a_broken_manifest_fails():
-    mpi, ddp = job(render("horovod")), job(render("ddp"))
-    pvc = next(d for d in render("ddp") if d["kind"] == "PersistentVolumeClaim")
+def test_the_claim_lives_in_storage_alone_and_each_job_has_its_own_checkpoints():
+    rendered = rendered_all()
+    assert [d["kind"] for d in rendered["storage"]] == ["PersistentVolumeClaim"]
+    assert schema_errors(rendered["storage"][0]) == ""
+    assert layout_errors(rendered) == []
+    assert {w for f in ("horovod", "ddp") for t in templates(job(rendered[f])).values()
+            for c in t["spec"]["containers"] for w in c.get("command", []) + c.get("args", [])
+            if w.startswith("/runs/")} == {"/runs/data", "/runs/horovod", "/runs/ddp"}
+
+
+def test_the_launcher_sets_ssh_for_open_mpi_4_and_5_and_forwards_nccls_settings(tmp_path):
+    argv, got = mpi_pod_launcher(tmp_path, "-x", "NCCL_DEBUG", "python", "t.py", NCCL_DEBUG="WARN",
+                                 NCCL_SOCKET_IFNAME="eth0", NCCL_IB_HCA="mlx5", OTHER="1")
+    ssh = got["OMPI_MCA_plm_rsh_args"]
+    assert f"-p 2222 -i {tmp_path}/ssh/id_rsa" in ssh and "StrictHostKeyChecking=no" in ssh
+    assert got["PRTE_MCA_plm_ssh_args"] == ssh
+    assert got["OMPI_MCA_orte_keep_fqdn_hostnames"] == got["PRTE_MCA_prte_keep_fqdn_hostnames"] == "true"
+    # Every NCCL_* variable not named already, before the arguments given.
+    assert argv == ["-x", "NCCL_IB_HCA", "-x", "NCCL_SOCKET_IFNAME", "-x", "NCCL_DEBUG", "python", "t.py"]
+
+
+def test_each_defect_of_the_manifests_fails():
+    rendered = rendered_all()
+    mpi, ddp = job(rendered["horovod"]), job(rendered["ddp"])
+
+    def broken(doc, change):
+        doc = copy.deepcopy(doc)
+        change(doc)
+        return job_errors(doc)
+
+    def spec(doc, role):
+        return templates(doc)[role]["spec"]
+
+    # The restricted profile, container by container and where the pod sets it.
+    for key in ("allowPrivilegeEscalation", "capabilities", "runAsNonRoot", "seccompProfile"):
+        errs = broken(mpi, lambda d, key=key: [spec(d, r)["containers"][0]["securityContext"].pop(key)
+                                               for r in ("Launcher", "Worker")]
+                      and [spec(d, r)["securityContext"].pop(key, None) for r in ("Launcher", "Worker")])
+        assert any(key in e for e in errs), (key, errs)
+    assert any("privileged" in e for e in broken(
+        ddp, lambda d: spec(d, "Worker")["containers"][0]["securityContext"].update(privileged=True)))
+    # A Master: the operator's init container, as root with no securityContext, on the Workers.
+    with_master = copy.deepcopy(ddp)
+    with_master["spec"]["pytorchReplicaSpecs"]["Master"] = copy.deepcopy(
+        with_master["spec"]["pytorchReplicaSpecs"]["Worker"]) | {"replicas": 1}
+    errs = job_errors(with_master)
+    assert operator_errors(with_master) == [] and schema_errors(with_master) == ""
+    assert "a Master replica: its Workers get the operator's init container" in errs
+    assert "Worker: init-pytorch: allowPrivilegeEscalation must be false" in errs
+    assert "Worker: image 'alpine:3.10' is not a registry's, at a fixed tag" in errs
+    # Requests, limits, the shared memory's size, Istio, the TTL.
+    assert "Worker: worker needs cpu and memory requests and a memory limit" in broken(
+        mpi, lambda d: spec(d, "Worker")["containers"][0]["resources"]["requests"].pop("cpu"))
+    assert "Worker: pytorch needs cpu and memory requests and a memory limit" in broken(
+        ddp, lambda d: spec(d, "Worker")["containers"][0]["resources"]["limits"].pop("memory"))
+    assert "Worker: emptyDir shm without sizeLimit" in broken(
+        mpi, lambda d: spec(d, "Worker")["volumes"][1]["emptyDir"].pop("sizeLimit"))
+    assert "Launcher: no sidecar.istio.io/inject: \"false\"" in broken(
+        mpi, lambda d: templates(d)["Launcher"].pop("metadata"))
+    assert "runPolicy.ttlSecondsAfterFinished" in broken(ddp, lambda d: d["spec"]["runPolicy"].pop(
+        "ttlSecondsAfterFinished"))
+    # Images: Docker Hub's library namespace, or no fixed tag.
+    for image in ("cifar-horovod", "cifar-horovod:0.1.0", "registry.example.com/cifar-horovod",
+                  "registry.example.com/cifar-horovod:latest"):
+        assert f"Worker: image {image!r} is not a registry's, at a fixed tag" in broken(
+            mpi, lambda d, image=image: spec(d, "Worker")["containers"][0].update(image=image)), image
+    assert job_errors(job(render("example"))) == []  # its own registry's image passes
+    # The launcher's mpirun.
+    launcher = spec(mpi, "Launcher")["containers"][0]
+    args = launcher["args"]
+    for drop, message in ((["--hostfile", "/etc/mpi/hostfile"], "--hostfile"), (["--mca", "pml", "ob1"], "pml ob1"),
+                          (["-x", "NCCL_DEBUG"], "NCCL_DEBUG")):
+        at = next(i for i in range(len(args)) if args[i:i + len(drop)] == drop)
+        # NCCL_DEBUG goes with the ranks by -x or by mpi-pod.sh's launcher: without either, it does not.
+        errs = launcher_errors(dict(launcher, args=args[:at] + args[at + len(drop):],
+                                    command=[] if "NCCL" in message else launcher["command"]))
+        assert any(message in e for e in errs), (drop, errs)
+    assert launcher_errors(dict(launcher, command=[])) == []
+    assert launcher_errors(dict(launcher, env=[])) == ["NCCL settings not forwarded with -x: none set"]
+    # torchrun from outside the image's venv, the rendezvous without its port.
+    assert "Worker: torchrun is not the image's venv's: ['torchrun', '/opt/cifar/main_ddp.py', '--download']" in broken(
+        ddp, lambda d: spec(d, "Worker")["containers"][0].update(command=["torchrun", *spec(d, "Worker")[
+            "containers"][0]["command"][3:]]))
+    assert "Worker: no port pytorchjob-port (the rendezvous endpoint's)" in broken(
+        ddp, lambda d: spec(d, "Worker")["containers"][0].pop("ports"))
+    # The claim in a job's folder, two jobs on one checkpoint folder.
+    with_claim = dict(rendered, horovod=rendered["horovod"] + rendered["storage"])
+    assert layout_errors(with_claim) == ["horovod/ holds a claim: kubectl delete -k horovod/ would delete the data"]
+    shared = copy.deepcopy(rendered)
+    command = spec(job(shared["ddp"]), "Worker")["containers"][0]["command"]
+    command[command.index("/runs/ddp")] = "/runs/horovod"
+    assert layout_errors(shared) == ["jobs ['cifar-ddp', 'cifar-horovod'] share the checkpoint folder /runs/horovod"]
+
+
+def test_a_broken_manifest_fails_its_schema_or_operator():
+    mpi, ddp, pvc = job(render("horovod")), job(render("ddp")), render("storage")[0]
     wrong_field = copy.deepcopy(mpi)
     wrong_field["spec"]["slotsPerNode"] = wrong_field["spec"].pop("slotsPerWorker")
     assert "slotsPerNode" in schema_errors(wrong_field)
@@ -162,17 +425,19 @@ def test_the_overlay_sets_gpus_slots_image_and_queue_together():
     base, example = job(render("horovod")), job(render("example"))
     assert base["spec"]["slotsPerWorker"] == 1 and example["spec"]["slotsPerWorker"] == 8
     for doc, gpus in ((base, 1), (example, 8)):
-        worker = pods(doc)["Worker"]["containers"][0]
+        worker = templates(doc)["Worker"]["spec"]["containers"][0]
         assert int(worker["resources"]["limits"]["nvidia.com/gpu"]) == gpus
-        assert "resources" not in pods(doc)["Launcher"]["containers"][0]  # mpirun alone: no GPU
+        assert "nvidia.com/gpu" not in templates(doc)["Launcher"]["spec"]["containers"][0]["resources"]["limits"]
     assert example["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-queue"
     assert "kueue.x-k8s.io/queue-name" not in base["metadata"].get("labels", {})
-    assert {c["image"] for spec in pods(example).values() for c in spec["containers"]} == \
-        {"registry.example.com/cifar-horovod:latest"}
+    for doc, image in ((base, "registry.example.com/cifar-horovod:0.1.0"),
+                       (example, "registry.example.com/ml-team/cifar-horovod:0.1.0")):
+        assert {c["image"] for t in templates(doc).values() for c in t["spec"]["containers"]} == {image}
+    assert all(t["spec"]["imagePullSecrets"] == [{"name": "regcred"}] for t in templates(example).values())
     # The launcher starts when the workers' sshd answers their readiness probe, on the port
     # mpi-pod.sh runs it on; it mounts the ssh keys where mpi-pod.sh looks for them.
     assert base["spec"]["launcherCreationPolicy"] == "WaitForWorkersReady"
-    worker = pods(base)["Worker"]["containers"][0]
+    worker = templates(base)["Worker"]["spec"]["containers"][0]
     assert worker["readinessProbe"]["tcpSocket"]["port"] == "ssh" and worker["ports"] == [
         {"name": "ssh", "containerPort": 2222}]
     with open(os.path.join(DEPLOY, "mpi-pod.sh")) as f:
@@ -180,7 +445,7 @@ def test_the_overlay_sets_gpus_slots_image_and_queue_together():
     assert "SSH_PORT=${SSH_PORT:-2222}" in script
     assert f"SSH_DIR=${{SSH_DIR:-{base['spec']['sshAuthMountPath']}}}" in script
     ddp = job(render("ddp"))
-    gpus = {int(spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) for spec in pods(ddp).values()}
+    gpus = {int(t["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) for t in templates(ddp).values()}
     assert gpus == {int(ddp["spec"]["nprocPerNode"])}
 
 

@@ -3,7 +3,8 @@
 #
 #   mpi-pod.sh worker              run sshd on SSH_PORT, taking the job's key as authorized
 #   mpi-pod.sh launcher CMD...     wait until every host of the operator's hostfile accepts ssh,
-#                                  then run CMD (mpirun ...) with ssh set up for it
+#                                  then run CMD (mpirun ...) with ssh set up for it (Open MPI 4
+#                                  or 5) and the container's NCCL_* variables forwarded
 #
 # The MPI Operator mounts the job's ssh Secret at the MPIJob's sshAuthMountPath (SSH_DIR here:
 # id_rsa, id_rsa.pub, authorized_keys, root's files) and its hostfile at /etc/mpi/hostfile
@@ -60,15 +61,38 @@ launcher() {
             sleep 2
         done
     done
-    # Open MPI's ssh to the workers (this overrides the operator's own OMPI_MCA_plm_rsh_args).
-    export OMPI_MCA_plm_rsh_args="$opts"
-    # mpirun by its full path: Open MPI then finds its orted on the workers under the same prefix.
+    # ssh to the workers, for Open MPI 4 (ORTE; this overrides the operator's own
+    # OMPI_MCA_plm_rsh_args) and Open MPI 5 (PRRTE, which reads neither ORTE variable); the
+    # hostfile's names kept whole, as the operator's Services resolve them.
+    export OMPI_MCA_plm_rsh_args="$opts" PRTE_MCA_plm_ssh_args="$opts"
+    export OMPI_MCA_orte_keep_fqdn_hostnames=true PRTE_MCA_prte_keep_fqdn_hostnames=true
     local first=$1
     shift
-    if [ "$first" = mpirun ]; then
-        first=$(command -v mpirun) || die "no mpirun on PATH"
+    if [ "$first" != mpirun ]; then
+        exec "$first" "$@"
     fi
-    exec "$first" "$@"
+    # mpirun by its full path: Open MPI then finds its orted on the workers under the same prefix.
+    first=$(command -v mpirun) || die "no mpirun on PATH"
+    # The ranks run under the workers' sshd, not in the launcher's environment: every NCCL_*
+    # variable of this container goes with them, unless CMD already names it after -x.
+    local name forward=()
+    for name in $(compgen -e | grep '^NCCL_' || true); do
+        forwarded "$name" "$@" || forward+=(-x "$name")
+    done
+    exec "$first" "${forward[@]}" "$@"
+}
+
+# forwarded NAME ARG...: whether ARG... holds `-x NAME` or `-x NAME=...`.
+forwarded() {
+    local name=$1 prev=""
+    shift
+    for arg in "$@"; do
+        if [ "$prev" = -x ] && { [ "$arg" = "$name" ] || [[ $arg == "$name="* ]]; }; then
+            return 0
+        fi
+        prev=$arg
+    done
+    return 1
 }
 
 case "${1:-}" in
