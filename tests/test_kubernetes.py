@@ -6,9 +6,12 @@ No API server runs here: nothing is applied to a cluster. The schemas are checke
 server's strict field validation would (an unknown field is an error), with python-jsonschema
 and kubernetes-validate; the operators' own validation, which the schemas do not hold (a
 launcher and a master of one replica, the restart policies, the container the Training Operator
-looks for), is checked beside it from their published rules. The jobs' pods run in the
-project's image in tests/test_container.py. Without kubectl (which renders the overlays) the
-module is skipped, in one line; under CI it fails instead.
+looks for), is checked beside it from their published rules, and so are the restricted Pod
+Security Standard on the pods as the operators make them and what a real cluster needs of the
+jobs (requests, the claim apart, images at a registry, mpirun for Open MPI 4 and 5); each check
+is shown to fail on its defect. The jobs' pods run in the project's image in
+tests/test_container.py. Without kubectl (which renders the overlays) the module is skipped, in
+one line; under CI it fails instead.
 """
 import copy
 import functools
@@ -33,6 +36,9 @@ DEPLOY = os.path.join(ROOT, "deploy", "kubernetes")
 CRDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "crds")
 FOLDERS = ("horovod", "ddp", "example")
 K8S_VERSION = "1.32.0"  # kubectl's here; kubernetes-validate holds the schemas of 1.25 to 1.37
+VENV_PYTHON = "/opt/cifar/.venv/bin/python"  # the Dockerfile's venv, first on its PATH
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                      "projected", "secret"}  # the restricted profile's volume types
 
 
 def render(folder):
@@ -142,10 +148,6 @@ def created_templates(doc):
     return out
 
 
-RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
-                      "projected", "secret"}
-
-
 def restricted_errors(spec):
     """What the restricted Pod Security Standard (Kubernetes' pod-security admission, the
     baseline and restricted checks) refuses in a pod spec; empty when it admits it."""
@@ -156,27 +158,18 @@ def restricted_errors(spec):
     errs += [f"volume {v['name']}: {sorted(set(v) - {'name'})}" for v in spec.get("volumes", [])
              if not set(v) - {"name"} <= RESTRICTED_VOLUMES]
     for c in spec.get("initContainers", []) + spec["containers"]:
-        sc, name = c.get("securityContext") or {}, c["name"]
-
-        def value(key, sc=sc):  # the container's own setting, else the pod's
-            return sc[key] if key in sc else pod.get(key)
-        if sc.get("privileged"):
-            errs.append(f"{name}: privileged")
-        if sc.get("allowPrivilegeEscalation") is not False:
-            errs.append(f"{name}: allowPrivilegeEscalation must be false")
-        caps = sc.get("capabilities") or {}
-        if "ALL" not in caps.get("drop", []):
-            errs.append(f"{name}: capabilities must drop ALL")
-        if set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
-            errs.append(f"{name}: capabilities added {caps['add']}")
-        if value("runAsNonRoot") is not True:
-            errs.append(f"{name}: runAsNonRoot must be true")
-        if value("runAsUser") == 0:
-            errs.append(f"{name}: runAsUser 0")
-        if (value("seccompProfile") or {}).get("type") not in ("RuntimeDefault", "Localhost"):
-            errs.append(f"{name}: seccompProfile must be RuntimeDefault or Localhost")
-        if any(p.get("hostPort") for p in c.get("ports", [])):
-            errs.append(f"{name}: hostPort")
+        sc = c.get("securityContext") or {}
+        caps, own = sc.get("capabilities") or {}, {**pod, **sc}  # the container's settings over the pod's
+        bad = {"privileged": sc.get("privileged"),
+               "allowPrivilegeEscalation must be false": sc.get("allowPrivilegeEscalation") is not False,
+               "capabilities must drop ALL": "ALL" not in caps.get("drop", []),
+               "capabilities may add NET_BIND_SERVICE alone": set(caps.get("add", [])) - {"NET_BIND_SERVICE"},
+               "runAsNonRoot must be true": own.get("runAsNonRoot") is not True,
+               "runAsUser 0": own.get("runAsUser") == 0,
+               "seccompProfile must be RuntimeDefault or Localhost":
+                   (own.get("seccompProfile") or {}).get("type") not in ("RuntimeDefault", "Localhost"),
+               "hostPort": any(p.get("hostPort") for p in c.get("ports", []))}
+        errs += [f"{c['name']}: {m}" for m, b in bad.items() if b]
     return errs
 
 
@@ -220,9 +213,6 @@ def job_errors(doc):
             if not any(p.get("name") == "pytorchjob-port" for p in c.get("ports", [])):
                 errs.append(f"{role}: no port pytorchjob-port (the rendezvous endpoint's)")
     return errs
-
-
-VENV_PYTHON = "/opt/cifar/.venv/bin/python"  # the Dockerfile's venv, first on its PATH
 
 
 def launcher_errors(container):
@@ -449,9 +439,12 @@ def test_the_overlay_sets_gpus_slots_image_and_queue_together():
     assert gpus == {int(ddp["spec"]["nprocPerNode"])}
 
 
-def test_the_documented_commands_apply_the_folders_tested_here():
-    for doc, heading in (("README.md", "## Run on Kubernetes"), ("docs/MULTI_NODE.md", "## Kubernetes")):
+def test_the_documented_commands_apply_the_storage_first_then_the_folders_tested_here():
+    for doc, heading in (("README.md", "## Run on Kubernetes"), ("docs/MULTI_NODE.md", "## Kubernetes"),
+                         ("docs/KUBERNETES.md", "# Kubernetes")):
         lines = readme_blocks(heading, doc)[0]
         words = [shlex.split(ln, comments=True) for ln in lines]
         assert all(w[:3] == ["kubectl", "apply", "-k"] and len(w) == 4 for w in words), lines
-        assert {w[3] for w in words} <= {f"deploy/kubernetes/{f}" for f in FOLDERS}, lines
+        # The claim before any job mounts it; then jobs only, each of them tested above.
+        assert words[0][3] == "deploy/kubernetes/storage", lines
+        assert {w[3] for w in words[1:]} <= {f"deploy/kubernetes/{f}" for f in FOLDERS}, lines
