@@ -37,6 +37,8 @@ CRDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "crds")
 FOLDERS = ("horovod", "ddp", "example")
 K8S_VERSION = "1.32.0"  # kubectl's here; kubernetes-validate holds the schemas of 1.25 to 1.37
 VENV_PYTHON = "/opt/cifar/.venv/bin/python"  # the Dockerfile's venv, first on its PATH
+CRD_FILES = {"MPIJob": "kubeflow.org_mpijobs", "PyTorchJob": "kubeflow.org_pytorchjobs",
+             "TrainJob": "trainer.kubeflow.org_trainjobs", "TrainingRuntime": "trainer.kubeflow.org_trainingruntimes"}
 RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
                       "projected", "secret"}  # the restricted profile's volume types
 
@@ -68,8 +70,7 @@ def strict(schema):
 @functools.lru_cache(maxsize=None)
 def crd_validator(kind, version):
     """A validator of the served `version` of the operator's CRD for `kind`."""
-    name = {"MPIJob": "kubeflow.org_mpijobs", "PyTorchJob": "kubeflow.org_pytorchjobs"}[kind]
-    with gzip.open(os.path.join(CRDS, f"{name}.yaml.gz"), "rt") as f:
+    with gzip.open(os.path.join(CRDS, f"{CRD_FILES[kind]}.yaml.gz"), "rt") as f:
         # libyaml's parser, where PyYAML has it, reads the 670 KB several times faster.
         crd = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     served = {v["name"]: v["schema"]["openAPIV3Schema"] for v in crd["spec"]["versions"] if v["served"]}
@@ -83,7 +84,7 @@ def schema_errors(doc):
     Empty when it passes."""
     if kubernetes_validate is None:
         skip_or_fail("kubernetes-validate is not installed (make setup installs it, and python-jsonschema with it)")
-    if doc["kind"] in ("MPIJob", "PyTorchJob"):
+    if doc["kind"] in CRD_FILES:
         errors = crd_validator(doc["kind"], doc["apiVersion"].split("/")[1]).iter_errors(doc)
         return "; ".join(sorted(f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in errors))
     try:
@@ -123,10 +124,13 @@ def operator_errors(doc):
 
 
 def job(docs):
-    return next(d for d in docs if d["kind"] in ("MPIJob", "PyTorchJob"))
+    return next(d for d in docs if d["kind"] in ("MPIJob", "PyTorchJob", "TrainingRuntime"))
 
 
 def templates(doc):
+    """The pod templates of a job by role (of a TrainingRuntime: by replicated Job)."""
+    if doc["kind"] == "TrainingRuntime":
+        return {j["name"]: j["template"]["spec"]["template"] for j in doc["spec"]["template"]["spec"]["replicatedJobs"]}
     specs = doc["spec"].get("mpiReplicaSpecs") or doc["spec"]["pytorchReplicaSpecs"]
     return {role: spec["template"] for role, spec in specs.items()}
 
@@ -179,7 +183,8 @@ def job_errors(doc):
     every memory-backed emptyDir, no Istio sidecar, a TTL, images at a registry and a fixed tag,
     the launcher's mpirun for Open MPI 4 and 5, torchrun from the image's venv."""
     errs = []
-    if not doc["spec"].get("runPolicy", {}).get("ttlSecondsAfterFinished"):
+    if not (doc["spec"].get("runPolicy") or doc["spec"].get("template", {}).get("spec", {})).get(
+            "ttlSecondsAfterFinished"):  # the job's runPolicy's, or a TrainingRuntime's JobSet's
         errs.append("runPolicy.ttlSecondsAfterFinished")
     for role, template in created_templates(doc).items():
         spec = template["spec"]
@@ -201,7 +206,7 @@ def job_errors(doc):
                 errs.append(f"{role}: image {image!r} is not a registry's, at a fixed tag")
     if doc["kind"] == "MPIJob":
         errs += launcher_errors(templates(doc)["Launcher"]["spec"]["containers"][0])
-    else:
+    elif doc["kind"] == "PyTorchJob":
         if "Master" in templates(doc):
             errs.append("a Master replica: its Workers get the operator's init container")
         if (doc["spec"].get("elasticPolicy") or {}).get("rdzvBackend") != "c10d":
@@ -236,25 +241,6 @@ def launcher_errors(container):
     return errs
 
 
-def mpi_pod_launcher(tmp_path, *args, **env):
-    """What mpi-pod.sh's launcher runs for `mpi-pod.sh launcher mpirun ARGS...`, as it runs here:
-    on a hostfile of no hosts (none to wait for), with a script in mpirun's place that prints its
-    arguments and environment: (mpirun's arguments, its variables)."""
-    for d in ("ssh", "bin"):
-        (tmp_path / d).mkdir()
-    (tmp_path / "ssh" / "id_rsa").write_text("")
-    (tmp_path / "hostfile").write_text("# no hosts\n")
-    (tmp_path / "bin" / "mpirun").write_text('#!/bin/sh\nprintf "%s\\n" "$@"; echo ---; env\n')
-    (tmp_path / "bin" / "mpirun").chmod(0o755)
-    r = subprocess.run(["bash", os.path.join(DEPLOY, "mpi-pod.sh"), "launcher", "mpirun", *args],
-                       capture_output=True, text=True, timeout=60,
-                       env=dict(env, PATH=f"{tmp_path}/bin:{os.environ['PATH']}", SSH_DIR=str(tmp_path / "ssh"),
-                                OMPI_MCA_orte_default_hostfile=str(tmp_path / "hostfile")))
-    assert r.returncode == 0, r.stderr
-    argv, _, variables = r.stdout.partition("---\n")
-    return argv.splitlines(), dict(ln.split("=", 1) for ln in variables.splitlines() if "=" in ln)
-
-
 def layout_errors(rendered):
     """Across the folders: the claim in storage/ alone (deleting a job keeps the data), every job
     mounting it, and each job's checkpoints in a folder of its own."""
@@ -278,8 +264,10 @@ def layout_errors(rendered):
         if "--auto-resume" not in words or "--checkpoint-dir" not in words:
             errs.append(f"{folder}: no --auto-resume --checkpoint-dir")
             continue
-        folders.setdefault(words[words.index("--checkpoint-dir") + 1], set()).add(doc["metadata"]["name"])
-    errs += [f"jobs {sorted(jobs)} share the checkpoint folder {d}" for d, jobs in folders.items() if len(jobs) > 1]
+        # An overlay of a job (example/) is that job again: its kind and name say which job it is.
+        name = f"{doc['kind']} {doc['metadata']['name']}"
+        folders.setdefault(words[words.index("--checkpoint-dir") + 1], set()).add(name)
+    errs += [f"jobs {sorted(j)} share the checkpoint folder {d}" for d, j in folders.items() if len(j) > 1]
     errs += [f"checkpoint folder {d} not on the claim's own folder of the job" for d in folders
              if not d.startswith("/runs/") or d in ("/runs/data", "/runs/checkpoint")]
     return errs
@@ -306,17 +294,6 @@ def test_the_claim_lives_in_storage_alone_and_each_job_has_its_own_checkpoints()
     assert {w for f in ("horovod", "ddp") for t in templates(job(rendered[f])).values()
             for c in t["spec"]["containers"] for w in c.get("command", []) + c.get("args", [])
             if w.startswith("/runs/")} == {"/runs/data", "/runs/horovod", "/runs/ddp"}
-
-
-def test_the_launcher_sets_ssh_for_open_mpi_4_and_5_and_forwards_nccls_settings(tmp_path):
-    argv, got = mpi_pod_launcher(tmp_path, "-x", "NCCL_DEBUG", "python", "t.py", NCCL_DEBUG="WARN",
-                                 NCCL_SOCKET_IFNAME="eth0", NCCL_IB_HCA="mlx5", OTHER="1")
-    ssh = got["OMPI_MCA_plm_rsh_args"]
-    assert f"-p 2222 -i {tmp_path}/ssh/id_rsa" in ssh and "StrictHostKeyChecking=no" in ssh
-    assert got["PRTE_MCA_plm_ssh_args"] == ssh
-    assert got["OMPI_MCA_orte_keep_fqdn_hostnames"] == got["PRTE_MCA_prte_keep_fqdn_hostnames"] == "true"
-    # Every NCCL_* variable not named already, before the arguments given.
-    assert argv == ["-x", "NCCL_IB_HCA", "-x", "NCCL_SOCKET_IFNAME", "-x", "NCCL_DEBUG", "python", "t.py"]
 
 
 def test_each_defect_of_the_manifests_fails():
@@ -389,7 +366,8 @@ def test_each_defect_of_the_manifests_fails():
     shared = copy.deepcopy(rendered)
     command = spec(job(shared["ddp"]), "Worker")["containers"][0]["command"]
     command[command.index("/runs/ddp")] = "/runs/horovod"
-    assert layout_errors(shared) == ["jobs ['cifar-ddp', 'cifar-horovod'] share the checkpoint folder /runs/horovod"]
+    assert layout_errors(shared) == [
+        "jobs ['MPIJob cifar-horovod', 'PyTorchJob cifar-ddp'] share the checkpoint folder /runs/horovod"]
 
 
 def test_a_broken_manifest_fails_its_schema_or_operator():
@@ -447,4 +425,4 @@ def test_the_documented_commands_apply_the_storage_first_then_the_folders_tested
         assert all(w[:3] == ["kubectl", "apply", "-k"] and len(w) == 4 for w in words), lines
         # The claim before any job mounts it; then jobs only, each of them tested above.
         assert words[0][3] == "deploy/kubernetes/storage", lines
-        assert {w[3] for w in words[1:]} <= {f"deploy/kubernetes/{f}" for f in FOLDERS}, lines
+        assert {w[3] for w in words[1:]} <= {f"deploy/kubernetes/{f}" for f in FOLDERS + ("trainer",)}, lines
