@@ -1,7 +1,7 @@
 """tools/predict.py and what it reads of the probe (tools/allreduce.py): each term of a predicted
 step on its own, in process, on a probe written here; the probe under mpirun at np=4 on this
-host (rings of 2 and 4 processes, so a spread), its file read by `python -m tools.predict`; and
-the one-line refusals."""
+host (too small a model to show loopback's rate), its file read by `python -m tools.predict`
+with the link given; and the one-line refusals."""
 import json
 import math
 
@@ -160,18 +160,24 @@ def test_the_spread_fit_recovers_a_known_stretch():
 
 
 def test_the_probe_at_np4_feeds_the_prediction(tmp_path):
-    # mpirun -np 4 on this host: the probe measures rings of 2 and 4 processes, so it fits a
-    # spread, times its steps and a request, and tools.predict reads all of it.
+    # mpirun -np 4 on this host: LeNet's largest message (0.25 MB) crosses loopback in a fraction
+    # of a message's latency, so the probe gives no bandwidth and says why (and so no spread over
+    # its rings of 2 and 4); it times its steps and a request, and tools.predict reads all of it,
+    # the link given with --link-gbps, and refuses in one line without it.
     out = tmp_path / "probe.json"
     cmd = ["mpirun", "-np", "4", "--oversubscribe", "--bind-to", "none", "-x", "PATH", "-x", "OMP_NUM_THREADS",
            PY, "-m", "tools.allreduce", "--arch", "lenet", "--batch-size", "8", "--steps", "6", "--repeats", "2",
            "--json", str(out)]
     r = assert_ok(run(cmd, timeout=300, env_extra=ONE_THREAD))
     said = json.loads(out.read_text())
-    assert sorted(ring["n"] for ring in said["rings"]) == [2, 4] and said["spread"] is not None, r.stdout
+    assert said["bandwidth_bps"] is None and "too small to show the link" in said["bandwidth_reason"], r.stdout
+    assert said["rings"] == [] and said["spread"] is None and said["predicted_efficiency"] == {}, r.stdout
+    assert "probe [" in r.stdout and "the rings of 2 processes" in r.stdout and "no bandwidth: " in r.stdout
     assert len(said["step_times_s"]) == 6 and said["request_s"] >= 0 and said["backward_alone_s"] > 0
-    assert "the ring's stretch per doubling of N: " in r.stdout and "(rings of 2, 4 processes)" in r.stdout
-    p = assert_ok(run([PY, "-m", "tools.predict", "--from", str(out), "--nodes", "2", "--gpus-per-node", "4"]))
+    common = [PY, "-m", "tools.predict", "--from", str(out), "--nodes", "2", "--gpus-per-node", "4"]
+    refused = run(common)
+    assert refused.returncode == 2 and "holds no bandwidth (only " in refused.stderr, refused.stderr
+    p = assert_ok(run([*common, "--link-gbps", "1"]))
     lines = p.stdout.splitlines()
     names = ["compute", "allreduce not hidden", "Horovod's cycle", "ring's growth with N", "host work per request",
              "wait for the slowest of N", "compute slowed beside the allreduce", "step"]
@@ -206,3 +212,18 @@ def test_a_probe_file_of_another_shape_is_one_line(tmp_path):
     r = run([PY, "-m", "tools.predict", "--from", str(old), "--nodes", "2"])
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "lacks hosts, device, latency_s, tensor_bytes, profile, step_times_s" in r.stderr
+
+
+def test_a_probe_without_a_bandwidth_needs_the_link_given(probe, tmp_path, capsys):
+    # The probe's largest message was too small to show the link: it wrote no bandwidth, and a
+    # reason. tools.predict refuses in one line, or takes the link from --link-gbps.
+    path = tmp_path / "probe.json"
+    path.write_text(json.dumps(dict(probe, bandwidth_bps=None, spread=None,
+                                    bandwidth_reason="the largest message is too small")))
+    with pytest.raises(SystemExit) as e:
+        predict.main(["--from", str(path), "--nodes", "2"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "holds no bandwidth (the largest message is too small); give the link with --link-gbps" in err
+    assert predict.main(["--from", str(path), "--nodes", "2", "--link-gbps", "0.1"]) == 0
+    assert "ring of 2, 0.1 Gbit/s" in capsys.readouterr().out

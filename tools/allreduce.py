@@ -6,13 +6,15 @@ how well training scales there.
     srun --mpi=pmix python -m tools.allreduce --arch resnet18
 
 Every process allreduces float32 tensors of sizes from a few KB up to all of the model's
-gradients, as the trainer would (GPUs with NCCL where there are GPUs, else the CPU), and takes
-the fastest time of each size. A line through them, time = latency + 2 (N - 1) / N x bytes /
-bandwidth, gives the network's bandwidth (from the largest sizes) and per-message latency (from
-the smallest) as one ring allreduce sees them. Where the job spans 4 or more hosts (or runs 4 or
+gradients, most of them in the top decade, as the trainer would (GPUs with NCCL where there are
+GPUs, else the CPU), and takes the median time of each size. A line through them, time = latency
++ 2 (N - 1) / N x bytes / bandwidth, gives the network's bandwidth (the median slope between
+pairs of the largest sizes, with their spread: tools/linkfit.py) and per-message latency (from
+the smallest) as one ring allreduce sees them; where the model's largest message is too small to
+show the link, it says so instead of giving a rate. Where the job spans 4 or more hosts (or runs 4 or
 more processes on one), the same is timed on the rings of its first 2, 4, 8, ... hosts, each a
 Horovod process set, and the ring's stretch per doubling of N is fitted over them (the scaling
-model's spread). Every process then times --steps plain training steps (rank 0's are kept:
+model's spread). Every process then times plain training steps for --seconds (rank 0's are kept:
 their spread is what a step waits for in the slowest of N ranks) and its backward alone and
 beside an allreduce of the gradients (what a collective takes from compute). Where every host
 runs the same number (2 or more) of processes, a node's own ring is timed too, and the
@@ -39,20 +41,14 @@ import time
 import torch
 
 import models
-from tools import layer_profile, scaling_model
+from tools import layer_profile, linkfit, scaling_model
 from training.ports import hvd_port
 
 
-def sizes(total_bytes, smallest=4096, steps=10):
-    """Message sizes in bytes, a geometric series from `smallest` to the model's total."""
-    ratio = (total_bytes / smallest) ** (1 / (steps - 1))
-    return sorted({int(smallest * ratio ** i) // 4 * 4 for i in range(steps)} | {total_bytes // 4 * 4})
-
-
 def time_allreduce(hvd, nbytes, device, repeats, process_set=None):
-    """The fastest of `repeats` allreduces of nbytes of float32, in seconds, among the ranks of
-    `process_set` (default: all): the network's time (other work on a shared host only ever adds
-    to it, and a median still carries that). Called by the set's ranks alone."""
+    """The seconds of each of `repeats` allreduces of nbytes of float32 among the ranks of
+    `process_set` (default: all), each the slowest rank's: a collective lasts as long as its
+    slowest rank's. The fit takes their median. Called by the set's ranks alone."""
     ps = process_set or hvd.global_process_set
     t = torch.ones(nbytes // 4, device=device)
     times = []
@@ -63,7 +59,8 @@ def time_allreduce(hvd, nbytes, device, repeats, process_set=None):
         _sync(device)
         if i:
             times.append(time.perf_counter() - t0)
-    return _slowest(hvd, min(times), f"probe.{ps.size()}.{nbytes}.max", ps)
+    return hvd.allreduce(torch.tensor(times, dtype=torch.float64), op=hvd.Max,
+                         name=f"probe.{ps.size()}.{nbytes}.max", process_set=ps).tolist()
 
 
 def _wait(hvd, handle):
@@ -112,8 +109,8 @@ def hierarchical(hvd, t, node, cross, wait=None, name="probe.hier"):
 
 
 def time_hierarchical(hvd, nbytes, device, repeats, node, cross):
-    """The fastest of `repeats` hierarchical allreduces (see hierarchical) of nbytes of float32, in
-    seconds, on every rank."""
+    """The median of `repeats` hierarchical allreduces (see hierarchical) of nbytes of float32, in
+    seconds, the slowest rank's, on every rank."""
     t = torch.ones(nbytes // 4, device=device)
     times = []
     for i in range(repeats + 1):
@@ -125,7 +122,7 @@ def time_hierarchical(hvd, nbytes, device, repeats, node, cross):
             times.append(time.perf_counter() - t0)
         if out.shape != t.shape or not bool((out == hvd.size()).all()):
             raise RuntimeError("the hierarchical allreduce's steps did not sum the ones of every process")
-    return _slowest(hvd, min(times), "probe.hier.max")
+    return _slowest(hvd, statistics.median(times), "probe.hier.max")
 
 
 def ring_units(hosts):
@@ -162,12 +159,13 @@ def fit_spread(rings):
     return max(0.0, statistics.median(fits))
 
 
-def step_times(model, x, y, device, steps):
-    """Seconds of each of `steps` plain training steps (forward, backward, fused SGD step), after
-    two warm-up steps: the distribution whose slowest of N a synchronous step waits for."""
+def step_times(model, x, y, device, steps=None, seconds=None):
+    """Seconds of each plain training step (forward, backward, fused SGD step), after two warm-up
+    steps: `steps` of them, or as many as `seconds` hold (at least 3). The distribution whose
+    slowest of N a synchronous step waits for."""
     opt = torch.optim.SGD(model.parameters(), lr=0.0, momentum=0.9, fused=True)
-    out = []
-    for i in range(steps + 2):
+    out, i = [], 0
+    while len(out) < (steps or 3) or (steps is None and sum(out) < seconds):
         _sync(device)
         t0 = time.perf_counter()
         opt.zero_grad()
@@ -176,6 +174,7 @@ def step_times(model, x, y, device, steps):
         _sync(device)
         if i >= 2:
             out.append(time.perf_counter() - t0)
+        i += 1
     return out
 
 
@@ -233,26 +232,10 @@ def _sync(device):
 
 
 def fit_line(n, points):
-    """(latency s, bandwidth bits/s) from [(bytes, seconds)] for time = latency + 2 (N - 1) / N x
-    bytes / bandwidth. The bandwidth is the median of the slopes from the smallest size to each
-    of the three largest, at most the slope to the largest (below), the latency what the
-    smallest size's time leaves after it. The large
-    sizes are those fused gradients have; the median is not moved by one slow size, nor by
-    links that pass a small message at once and only then pace (a switch's buffer, a token
-    bucket), which bend the line in between (a least-squares line through them can fit a
-    negative latency). Each time is first lowered to the fastest of the sizes at or above its
-    own: a larger message never takes less, so a smaller one that did was slowed by something
-    else (a late wake-up on a shared host), and its time would bend the slopes."""
-    points = sorted((2 * (n - 1) / n * b * 8, s) for b, s in points)
-    points = [(x, min(t for _, t in points[i:])) for i, (x, _) in enumerate(points)]
-    (x0, t0), large = points[0], points[1:][-3:]
-    rates = [(x - x0) / (t - t0) for x, t in large if t > t0]
-    if not rates:
-        return t0, math.inf
-    # At most the slope to the largest size: a link's burst allowance can speed the smaller of
-    # them past the rate (a token bucket refilled while the ranks met), never the largest more.
-    bandwidth = min(statistics.median(rates), rates[-1])
-    return max(t0 - x0 / bandwidth, 0.0), bandwidth
+    """(latency s, bandwidth bits/s or None) of linkfit.fit over [(bytes, seconds or [seconds])]
+    of an allreduce among n processes."""
+    got = linkfit.fit(n, points)
+    return got["latency_s"], got["bandwidth_bps"]
 
 
 FLAG_SETS = [("default", {}), ("--fp16-allreduce", {"fp16": True}), ("--batches-per-allreduce 4", {"k": 4}),
@@ -265,8 +248,10 @@ def main(argv=None):
     p.add_argument("--arch", default="resnet18", help="a model of models.MODELS (default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=128, help="per process (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=5, help="allreduces timed per size (default: %(default)s)")
-    p.add_argument("--steps", type=int, default=30,
-                   help="training steps timed for their spread, and beside an allreduce (default: %(default)s)")
+    p.add_argument("--seconds", type=float, default=5.0,
+                   help="seconds of training steps timed for their spread, and as many beside an allreduce "
+                        "(default: %(default)s; at least 3 steps each)")
+    p.add_argument("--steps", type=int, help="time this many steps in each instead of --seconds")
     p.add_argument("--json", metavar="FILE", help="also write the figures to FILE (rank 0), for "
                    "python -m tools.predict --from FILE")
     args = p.parse_args(argv)
@@ -283,42 +268,72 @@ def main(argv=None):
     model = models.get_model(args.arch, num_classes=10).to(device)
     tensors = [q.numel() * 4 for q in model.parameters() if q.requires_grad]
     total = sum(tensors)
-    measured = [(b, time_allreduce(hvd, b, device, args.repeats)) for b in sizes(total)]
-    latency, bandwidth = fit_line(n, measured) if n > 1 else (0.0, math.inf)
-    rings = [{"n": n, "bandwidth_bps": bandwidth, "latency_s": latency}] if n > 1 else []
-    for ps in smaller_rings(hvd, hosts):
+    started = time.monotonic()
+
+    def progress(what):  # one line a phase, as it starts: a slow link's probe takes minutes
+        if hvd.rank() == 0:
+            print(f"probe [{time.monotonic() - started:5.0f} s]: {what}", flush=True)
+    progress(f"allreduce at {len(linkfit.sizes(total))} sizes, {4096 / 1e3:.0f} KB to {total / 1e6:.1f} MB, "
+             f"{args.repeats} times each")
+    repeats = [(b, time_allreduce(hvd, b, device, args.repeats)) for b in linkfit.sizes(total)]
+    measured = [(b, statistics.median(ts)) for b, ts in repeats]
+    link = linkfit.fit(n, repeats) if n > 1 else dict(latency_s=0.0, bandwidth_bps=math.inf, reason=None, note=None)
+    latency, bandwidth = link["latency_s"], link["bandwidth_bps"]
+    rings = [{"n": n, "bandwidth_bps": bandwidth, "latency_s": latency}] if n > 1 and bandwidth else []
+    smaller = smaller_rings(hvd, hosts)
+    if smaller:
+        progress(f"the rings of {', '.join(str(ps.size()) for ps in smaller)} processes")
+    for ps in smaller:
         if ps.included():
-            points = [(b, time_allreduce(hvd, b, device, args.repeats, ps)) for b in sizes(total, steps=4)]
-            lat, bw = fit_line(ps.size(), points)
-            if hvd.rank() == 0:
+            lat, bw = fit_line(ps.size(), [(b, time_allreduce(hvd, b, device, args.repeats, ps))
+                                           for b in linkfit.sizes(total, below=1, top=4)])
+            if hvd.rank() == 0 and bw:
                 rings.append({"n": ps.size(), "bandwidth_bps": bw, "latency_s": lat})
         hvd.barrier()
     spread = fit_spread([(r["n"], r["bandwidth_bps"]) for r in rings])
     node, hierarchical, sets = None, None, node_sets(hvd, hosts)
     if sets:  # the node's own ring, and the hierarchical allreduce of all the gradients
-        points = [(b, time_allreduce(hvd, b, device, args.repeats, sets[0])) for b in sizes(total, steps=4)]
-        lat, bw = fit_line(sets[0].size(), points)
-        node = {"processes": sets[0].size(), "bandwidth_bps": bw, "latency_s": lat}
+        progress("a node's ring, and the hierarchical allreduce")
+        got = linkfit.fit(sets[0].size(), [(b, time_allreduce(hvd, b, device, args.repeats, sets[0]))
+                                           for b in linkfit.sizes(total, below=1, top=4)])
+        # A node's fast link may not show in the model's sizes: what they do show is a floor.
+        node = {"processes": sets[0].size(), "bandwidth_bps": got["bandwidth_bps"] or got["at_least_bps"],
+                "latency_s": got["latency_s"], "bandwidth_reason": got["reason"]}
         seconds = time_hierarchical(hvd, measured[-1][0], device, args.repeats, *sets)
         hierarchical = {"nodes": len(set(hosts)), "bytes": measured[-1][0], "seconds": seconds,
                         "flat_seconds": measured[-1][1]}
     x = torch.randn(args.batch_size, 3, 32, 32, device=device)
     y = torch.randint(0, 10, (args.batch_size,), device=device)
-    steps = step_times(model, x, y, device, args.steps)
-    alone, beside = compute_beside(hvd, model, x, y, device, total, args.steps)
+    progress(f"training steps ({args.steps} steps)" if args.steps else f"training steps ({args.seconds:g} s)")
+    steps = step_times(model, x, y, device, args.steps, args.seconds)
+    # Every rank runs as many backward passes beside an allreduce: the slowest's step sets how many fit.
+    step_s = _slowest(hvd, statistics.median(steps), "probe.step.max")
+    pairs = args.steps or max(3, int(args.seconds / (2 * step_s + measured[-1][1])))
+    progress(f"the backward alone and beside an allreduce ({pairs} of each)")
+    alone, beside = compute_beside(hvd, model, x, y, device, total, pairs)
+    progress("a request's host cost, and the model's layers")
     request_s = per_request(hvd, tensors, device, args.repeats)
     if hvd.rank() != 0:
         return 0
-    profile = layer_profile.measure(args.arch, args.batch_size, device=device)
+    profile = layer_profile.measure(args.arch, args.batch_size, device=device,
+                                    steps=args.steps or max(2, min(5, int(args.seconds / step_s))))
     compute_s, backward_s = profile["step_s"], profile["backward_s"]
     where = f"{device.type}, {n} processes on {len(set(hosts))} host(s)"
-    print(f"allreduce ({where}): bandwidth {bandwidth / 1e6:.1f} Mbit/s, latency {latency * 1e3:.2f} ms "
-          f"per message (fitted over {len(measured)} sizes, {measured[0][0] / 1e3:.0f} KB to "
-          f"{measured[-1][0] / 1e6:.1f} MB)")
+    span = f"{len(measured)} sizes, {measured[0][0] / 1e3:.0f} KB to {measured[-1][0] / 1e6:.1f} MB"
+    if bandwidth:
+        low, high = link.get("range_bps") or (bandwidth, bandwidth)
+        print(f"allreduce ({where}): bandwidth {bandwidth / 1e6:.1f} Mbit/s ({low / 1e6:.1f} to {high / 1e6:.1f} "
+              f"between pairs of the largest {link.get('sizes', 0)} sizes), latency {latency * 1e3:.2f} ms per "
+              f"message (measured at {span})")
+    else:
+        print(f"allreduce ({where}): no bandwidth: {link['reason']} (measured at {span}); run it with a larger "
+              "--arch, or give tools.predict the link with --link-gbps")
+    if link["note"]:
+        print(f"allreduce: {link['note']}")
     print("the ring's stretch per doubling of N: " + (f"{spread:.3f} (rings of " + ", ".join(
         f"{r['n']}" for r in sorted(rings, key=lambda r: r["n"])) + " processes)" if spread is not None else
         "not measured (needs rings of two sizes: 4 or more hosts, or 4 or more processes on one host)"))
-    if hierarchical:
+    if hierarchical and bandwidth:
         h, rate = hierarchical, bandwidth * (1 + (spread or 0.0) * math.log2(n / 2))
         per_node = node["processes"]
         # The model's steps, and the node's allreduce where a reduce-scatter would send half its bytes.
@@ -329,26 +344,31 @@ def main(argv=None):
         print(f"hierarchical allreduce ({h['nodes']} nodes of {node['processes']}: an allreduce inside each, a "
               f"ring of nodes, an allgather): {h['seconds'] * 1e3:.0f} ms for {h['bytes'] / 1e6:.1f} MB against the "
               f"flat ring's {h['flat_seconds'] * 1e3:.0f} ms (the scaling model: {h['predicted_s'] * 1e3:.0f} ms); "
-              f"a node's ring: {node['bandwidth_bps'] / 1e6:.1f} Mbit/s, {node['latency_s'] * 1e3:.2f} ms per message")
+              f"a node's ring: {node['bandwidth_bps'] / 1e6:.1f} Mbit/s"
+              + (" or more" if node["bandwidth_reason"] else "") + f", {node['latency_s'] * 1e3:.2f} ms per message")
     print(f"{args.arch}: {len(tensors)} gradient tensors, {total / 1e6:.1f} MB in fp32; a step of batch "
           f"{args.batch_size} computes in {compute_s * 1e3:.0f} ms here (backward {backward_s * 1e3:.0f} ms); "
-          f"{args.steps} steps: median {statistics.median(steps) * 1e3:.1f} ms, slowest {max(steps) * 1e3:.1f} ms; "
+          f"{len(steps)} steps: median {statistics.median(steps) * 1e3:.1f} ms, slowest {max(steps) * 1e3:.1f} ms; "
           f"beside an allreduce x{beside / alone:.2f}; {request_s * 1e6:.0f} us of host time a request")
-    print(f"predicted efficiency at np={n} (scaling model, Horovod; 1.0 = N times one process's images/s):")
+    predicted = {}
+    if bandwidth:
+        print(f"predicted efficiency at np={n} (scaling model, Horovod; 1.0 = N times one process's images/s):")
     # The fitted bandwidth is what a collective achieves: efficiency 1 on top of it.
     params = (1.0, latency)
-    predicted = {}
-    for name, flags in FLAG_SETS:
+    for name, flags in FLAG_SETS if bandwidth else []:
         point = dict(n=n, tensors=tensors, rate_bps=bandwidth, compute_s=compute_s, backward_s=backward_s,
                      ready=layer_profile.ready_times(profile), **flags)
         predicted[name] = scaling_model.efficiency(point, params)
         exposed = scaling_model.step_s(point, params) - point.get("k", 1) * compute_s
         print(f"  {name:<44} {predicted[name]:6.1%}   (allreduce not hidden: {exposed * 1e3:.0f} ms a step)")
+    progress("done")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"n": n, "device": device.type, "hosts": len(set(hosts)), "bandwidth_bps": bandwidth,
-                       "latency_s": latency, "measured": measured, "rings": rings, "spread": spread,
-                       "node": node, "hierarchical": hierarchical,
+                       "bandwidth_range_bps": link.get("range_bps"), "bandwidth_sizes": link.get("sizes"),
+                       "bandwidth_reason": link["reason"], "bandwidth_note": link["note"],
+                       "latency_s": latency, "measured": measured, "repeats_s": repeats, "rings": rings,
+                       "spread": spread, "node": node, "hierarchical": hierarchical,
                        "arch": args.arch, "batch": args.batch_size, "tensors": len(tensors), "tensor_bytes": tensors,
                        "bytes": total, "compute_s": compute_s, "backward_s": backward_s, "profile": profile,
                        "step_times_s": steps, "backward_alone_s": alone, "backward_beside_allreduce_s": beside,

@@ -25,7 +25,9 @@ The step is a sum of terms, each printed with where its figure comes from:
 
 Without --from, the constants the scaling model was fitted with on the emulated cluster stand
 in for the network (scaling_model.FITTED) and --link-gbps gives the link; the terms that need a
-probe are then left out, and the output says so. --hierarchical models Horovod's hierarchical
+probe are then left out, and the output says so. A probe whose largest message was too small to
+show the link holds no bandwidth: --link-gbps then gives it, with the probe's other figures.
+--hierarchical models Horovod's hierarchical
 allreduce, a ring of nodes between two steps inside each node (scaling_model.message_s), at the
 node's rate and latency the probe measured where it ran several processes a host, or at
 --hierarchical-gbps G. --algorithm tree models NCCL's double binary tree across the nodes
@@ -146,7 +148,8 @@ def main(argv=None):
     p.add_argument("--nodes", type=int, required=True)
     p.add_argument("--gpus-per-node", type=int, default=1)
     p.add_argument("--step-ms", type=float, help="one GPU's step in ms (default: the probe's timed steps)")
-    p.add_argument("--link-gbps", type=float, help="without a probe: the link between nodes, Gbit/s")
+    p.add_argument("--link-gbps", type=float, help="without a probe, or with one whose sizes did not show the "
+                   "link: the link between nodes, Gbit/s")
     p.add_argument("--arch", default="resnet18", help="without a probe: the model (default: %(default)s)")
     p.add_argument("--batch", type=int, default=128, help="without a probe: per GPU (default: %(default)s)")
     p.add_argument("--port", choices=("horovod", "ddp"), default="horovod")
@@ -184,6 +187,11 @@ def main(argv=None):
         if missing:
             fail(f"{args.probe} lacks {', '.join(missing)}: write it anew with "
                  "python -m tools.allreduce --json FILE")
+        if probe["bandwidth_bps"] is None and args.link_gbps is None:
+            fail(f"{args.probe} holds no bandwidth ({probe.get('bandwidth_reason') or 'not measured'}); "
+                 "give the link with --link-gbps G")
+        if probe["bandwidth_bps"] is None:  # the user's link with the probe's other figures
+            probe = dict(probe, bandwidth_bps=args.link_gbps * 1e9)
         link = None
     else:
         if args.link_gbps is None or args.step_ms is None:
