@@ -80,8 +80,8 @@ def nested(args, argv):
     parent = {}
 
     def start():
-        parent["tracker"] = tracking.parent_run(args, MPI.COMM_WORLD.Get_size())
-        return parent["tracker"].run_id if parent["tracker"] else None
+        parent["tracker"], run_id = tracking.parent_run(args, MPI.COMM_WORLD.Get_size())
+        return run_id
     run_id = on_rank0(start)
     argv = list(sys.argv[1:] if argv is None else argv)
     return parent.get("tracker"), argv + ["--mlflow-parent", run_id] if run_id else argv
@@ -136,6 +136,9 @@ def run_in_group(main, argv, group, head, what):
         if not launch.peer_failed(e):
             raise
         why = RUN_PEER_FAILED
+    if why is not None:  # its MLflow run, where it has one, ends now, not with the job
+        from training.run import tracking
+        tracking.end_unfinished("FAILED")
     hvd.shutdown()  # this run's Horovod; the group's next run starts its own
     return history, why
 

@@ -27,6 +27,7 @@ import os
 import statistics
 
 from training.base import safeio, svgchart
+from training.base.redact import redact
 from training.run import runlog
 
 COLUMNS = ("run", "status", "epochs", "final_test_acc", "best_test_acc", "train_time_s", "ranks")
@@ -162,7 +163,7 @@ def write_study(folder, flags, trials, retrain, dashboard, where=None):
                "folder", "ranks", "reason"]
     safeio.atomic_write_csv(os.path.join(folder, "search.csv"), columns, table_rows)
     where = where or os.path.join(folder, "study.journal")
-    print(study_table(table_rows, flags, where, retrain, dashboard), flush=True)
+    print(redact(study_table(table_rows, flags, where, retrain, dashboard)), flush=True)
     plot_study(os.path.join(folder, "search.svg"), table_rows)
     return sum(r["state"] == "complete" for r in table_rows)
 

@@ -18,17 +18,22 @@ Two stores, after Optuna's guidance for several processes and for several machin
   seconds while it trains it. A trial still running whose heartbeat is older than twice that
   lost its group (killed, or its job stopped): the next group to take a trial takes it up
   under its number, from its checkpoint. A group finds nothing to take only once no trial is
-  running: it waits while another group's trial might still need taking up.
+  running: it waits while another group's trial might still need taking up. The database may
+  go away for a while (a restart, a failover, a connection dropped while idle): every call to it
+  checks its connection first (pool_pre_ping) and is retried for up to RETRY_S seconds, so that
+  costs the job a pause, not its end.
 """
 import contextlib
 import json
 import os
 import threading
+import time
 import urllib.parse
 import warnings
 
 from training.base import safeio
 from training.base.errors import TrainerError, UsageError
+from training.base.redact import redact
 
 STUDY = "study.journal"  # in CHECKPOINT_DIR: the study, Optuna's journal
 COPY = ".bak"  # STUDY + COPY: the study as it was when the job that holds it started
@@ -37,6 +42,7 @@ HOLDER = ".study.lock"  # in CHECKPOINT_DIR: held by the job that runs the study
 TAKE_LOCK = ".search-take.lock"  # in CHECKPOINT_DIR: a trial is taken under it
 LEFT_RUNNING = ".search-left-running"  # in CHECKPOINT_DIR: trials an earlier job left running
 SCHEMES = ("postgresql", "postgresql+psycopg")  # SQLAlchemy 2.1 takes psycopg 3 for both
+RETRY_S = 60.0  # how long a call to the study's database is retried while it does not answer
 
 
 def store_of(args):
@@ -48,8 +54,9 @@ def check_storage(url):
     """--storage's URL, or a UsageError naming what it takes."""
     scheme = urllib.parse.urlsplit(url).scheme
     if scheme not in SCHEMES:
-        raise UsageError(f"--storage takes a PostgreSQL URL, postgresql://USER@HOST[:PORT]/DB, "
-                         f"not {url!r}; without --storage the study is CHECKPOINT_DIR/{STUDY}")
+        raise UsageError("--storage takes a PostgreSQL URL, postgresql://USER@HOST[:PORT]/DB, "
+                         f"not {redact(url)!r}; without --storage the study is "
+                         f"CHECKPOINT_DIR/{STUDY}")
     try:
         import psycopg  # noqa: F401
     except ImportError:
@@ -172,34 +179,37 @@ class Database:
 
     def __init__(self, args):
         self.url, self.interval = args.storage, args.heartbeat
-        parts = urllib.parse.urlsplit(self.url)
-        # Printed and written to search.csv's folder: without the password, which libpq also
-        # takes from PGPASSWORD or ~/.pgpass.
-        host = parts.hostname or ""
-        netloc = (f"{parts.username}@" if parts.username else "") + host \
-            + (f":{parts.port}" if parts.port else "")
-        self.where = urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+        # Printed and shown: without the password (libpq also takes it from PGPASSWORD or
+        # ~/.pgpass, which keeps it off the command line).
+        self.where = redact(self.url)
         self.dashboard = ["optuna-dashboard", self.where]
         self.folder = os.path.abspath(args.checkpoint_dir)
         self.name = f"search {self.folder}"  # a database holds a study for each folder
         self._engine = None
 
-    def storage(self):
+    def storage(self, retry_s=None):
+        """Optuna's RDBStorage of the study, each call retried for retry_s (RETRY_S)."""
         from optuna.exceptions import ExperimentalWarning
-        from optuna.storages import RDBStorage
+
+        def make():
+            s = retrying_rdb()(self.url, heartbeat_interval=self.interval,
+                               grace_period=2 * self.interval,
+                               engine_kwargs={"pool_pre_ping": True})
+            s.retry_s = retry_s
+            return s
         with warnings.catch_warnings():  # heartbeats have been "experimental" since Optuna 2.9
             warnings.simplefilter("ignore", ExperimentalWarning)
-            return RDBStorage(self.url, heartbeat_interval=self.interval,
-                              grace_period=2 * self.interval)
+            return retried(make, retry_s)
 
     def saved(self):
         """The study's user attributes, or None where the database has no such study yet."""
         import optuna
-        try:
-            names = optuna.get_all_study_names(self.storage())
+        try:  # the job's first call: a wrong URL is said at once, not retried
+            names = optuna.get_all_study_names(self.storage(retry_s=0))
         except Exception as e:  # SQLAlchemy's: the server down, a wrong user or database
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise TrainerError(f"cannot reach the study's database {self.where} ({first}); "
+            raise TrainerError(f"cannot reach the study's database {self.where} "
+                               f"({redact(first)}); "
                                "check the server and the URL of --storage") from None
         if self.name not in names:
             return None
@@ -219,7 +229,7 @@ class Database:
         import sqlalchemy
         if self._engine is None:
             self._engine = sqlalchemy.create_engine(self.url, poolclass=sqlalchemy.pool.NullPool)
-        with self._engine.begin() as c:
+        with retried(self._engine.begin) as c:
             c.execute(sqlalchemy.text("SELECT pg_advisory_xact_lock(:key)"),
                       {"key": _lock_key(self.folder)})
             yield
@@ -259,6 +269,68 @@ class Database:
         finally:
             stop.set()
             thread.join()
+
+
+def connection_lost(e):
+    """Whether `e` (or what caused it) is a database that did not answer or dropped the
+    connection, which a later try may not meet: SQLAlchemy's OperationalError, InterfaceError
+    and DisconnectionError, which Optuna raises as its StorageInternalError."""
+    while e is not None:
+        if type(e).__name__ in ("OperationalError", "InterfaceError", "DisconnectionError"):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def retried(call, seconds=None, say=print):
+    """call(), tried again while the database does not answer (connection_lost), waiting 0.5 s
+    and then twice as long each time up to 8 s, for `seconds` (RETRY_S) in all; then its error."""
+    deadline = time.monotonic() + (RETRY_S if seconds is None else seconds)
+    wait, said = 0.5, False
+    while True:
+        try:
+            out = call()
+        except Exception as e:
+            if not connection_lost(e) or time.monotonic() + wait > deadline:
+                raise
+            if not said:
+                say(f"search: the study's database does not answer ({_first_line(e)}); trying "
+                    f"again for up to {RETRY_S:g} s", flush=True)
+                said = True
+            time.sleep(wait)
+            wait = min(2 * wait, 8.0)
+            continue
+        if said:
+            say("search: the study's database answers again", flush=True)
+        return out
+
+
+def _first_line(e):
+    text = str(e).strip().splitlines()
+    return redact(text[0] if text else type(e).__name__)[:200]
+
+
+_retrying = {}
+
+
+def retrying_rdb():
+    """Optuna's RDBStorage with each of its calls retried (retried): a subclass made once, so
+    that Optuna still knows it as an RDBStorage (its cache and heartbeats)."""
+    if "class" not in _retrying:
+        from optuna.storages import RDBStorage
+
+        def wrap(method):
+            def call(self, *a, **kw):
+                return retried(lambda: method(self, *a, **kw), getattr(self, "retry_s", None))
+            call.__name__, call.__doc__ = method.__name__, method.__doc__
+            return call
+        names = [n for n in dir(RDBStorage) if not n.startswith("__")
+                 and callable(getattr(RDBStorage, n)) and n not in ("remove_session",)]
+        _retrying["class"] = type("RetryingRDBStorage", (RDBStorage,),
+                                  {n: wrap(getattr(RDBStorage, n)) for n in names
+                                   if n.startswith(("get_", "set_", "create_", "record_",
+                                                    "check_", "delete_", "_get_stale"))})
+    return _retrying["class"]
 
 
 def _lock_key(folder):

@@ -4,7 +4,10 @@ its flags and every epoch; a run stopped by SIGTERM and continued by --auto-resu
 run, each epoch logged once; a server that stops answering stops no training, and what it missed
 reaches it when it answers again; a bad URI, or MLflow missing, is one line before any training.
 The tests share one server and run on one worker (conftest.ONE_WORKER)."""
+import os
+import re
 import signal
+import time
 
 import pytest
 
@@ -23,7 +26,7 @@ from helpers import (
     skip_or_fail,
     wait_until,
 )
-from servers import MlflowServer, free_port
+from servers import MlflowServer
 from training.base.errors import UsageError
 from training.run import tracking
 
@@ -76,7 +79,12 @@ def test_a_horovod_run_is_one_mlflow_run_with_its_flags_and_every_epoch(server, 
     files = {f.path for f in client.list_artifacts(run_.info.run_id)}
     assert {"metrics.csv", "curves.svg", "checkpoint"} <= files, files
     assert run_.info.status == "FINISHED"
-    assert load_ckpt(ckpt / "ckpt.pth")["tracking"] == {"mlflow_run_id": run_.info.run_id}
+    want = {"mlflow_run_id": run_.info.run_id, "tracking_uri": server.uri}
+    assert load_ckpt(ckpt / "ckpt.pth")["tracking"] == tracking.read_run_file(ckpt) == want
+    tags = run_.data.tags  # MLflow's own context: who ran it, from which script and commit
+    assert tags["mlflow.user"] and tags["mlflow.source.name"] == "main_horovod.py"
+    assert tags["mlflow.source.git.commit"] == params["git_commit"].removesuffix("+dirty")
+    assert params["recipe.lr"] == "0.05"
 
 
 def test_a_sweep_is_a_parent_run_with_each_run_nested_under_it(server, data_dir, tmp_path):
@@ -115,54 +123,94 @@ def test_a_stopped_run_continues_its_mlflow_run_each_epoch_once(server, data_dir
     assert runs[0].info.status == "FINISHED"
 
 
-def test_a_server_that_stops_answering_stops_no_training_and_gets_what_it_missed(server, data_dir, tmp_path,
-                                                                                 jobs, capsys):
-    # A run and a tracker in this process share the server: it stops once the run has begun,
-    # the run trains to its end, and it starts again (same port, same store). The tracker then
-    # sends the epochs it kept at its next epoch; the run, resumed, sends what it missed.
-    t = tracking.Tracker(parse(*common_args(data_dir, tmp_path / "here", "--mlflow", server.uri)), 1, [])
-    rows = [{"epoch": e, **{k: 0.1 * e for k in tracking.METRICS}} for e in (1, 2, 3, 4)]
-    t.log_epochs(rows[:1])
-    assert not t.pending
-    ckpt, env = tmp_path / "ckpt", {"MLFLOW_EXPERIMENT_NAME": "gone"}
-    # Six epochs: the server stops while the run is in its first ones, on a slow machine too.
-    job = jobs([PY, "main.py", *common_args(data_dir, ckpt, "--mlflow", server.uri, epochs=6)], env)
-    wait_until(lambda: runs_of(server.uri, "gone")[1], 120, "the MLflow run", job, interval=0.05)
-    server.stop()  # from the run's first epoch on, nothing answers
-    t.log_epochs(rows[1:2])
-    t.log_epochs(rows[2:3])
-    said = capsys.readouterr()
-    assert said.err.count("does not answer") == 1 and [r["epoch"] for r in t.pending] == [2, 3], said
-    assert job.wait(120) == 0, job.output()
-    out = job.output()
-    assert "does not answer" in out and "were not logged" in out and "metrics.csv" in out, out
-    # The run resumed while the server is still down (its tracker, in this process): it cannot
-    # ask which epochs the server has, keeps all six, and sends only the missing ones.
-    saved = load_ckpt(ckpt / "ckpt.pth")
-    resumed = tracking.Tracker(parse(*common_args(data_dir, ckpt, "--mlflow", server.uri, epochs=7)), 1,
-                               saved["history"], state=saved["tracking"])
-    assert [r["epoch"] for r in resumed.pending] == [1, 2, 3, 4, 5, 6]
-    server.start()
-    t.log_epochs(rows[3:])
-    assert "answers again; epochs 2-4 logged" in capsys.readouterr().out and not t.pending
-    client = MlflowClient(server.uri)
-    assert steps(client, t.run_id) == [1, 2, 3, 4]
-    assert resumed.flush() and steps(client, resumed.run_id) == [1, 2, 3, 4, 5, 6]
-    assert_ok(run_main(common_args(data_dir, ckpt, "--mlflow", server.uri, "--auto-resume", epochs=7),
-                       env_extra=env))
-    client, runs = runs_of(server.uri, "gone")
-    assert len(runs) == 1 and steps(client, runs[0].info.run_id) == [1, 2, 3, 4, 5, 6, 7]
+def freeze(server):
+    os.killpg(server.proc.pid, signal.SIGSTOP)
 
 
-def test_a_bad_uri_is_one_line_before_any_training(client_side, data_dir, tmp_path):
+def thaw(server):
+    os.killpg(server.proc.pid, signal.SIGCONT)
+
+
+def test_a_server_down_at_the_start_or_frozen_mid_run_holds_no_epoch_back_and_gets_each_epoch_once(
+        server, data_dir, tmp_path, jobs):
+    # 1. The server is down as the run starts: it trains anyway, says so, and names the epochs
+    # it could not log. 2. The server is back: the run, resumed, makes its MLflow run and sends
+    # the epochs it missed; the server is then frozen (SIGSTOP) after epoch 3 of 12, and the
+    # epochs after it are not held back (each request would wait up to its 20 s timeout on the
+    # training path). 3. Thawed: the next resume sends what the frozen server
+    # missed, and every epoch is in the one MLflow run exactly once.
     ckpt = tmp_path / "ckpt"
-    r = run_main(common_args(data_dir, ckpt, "--mlflow", f"http://127.0.0.1:{free_port()}"))
-    assert_one_line_error(r, "no MLflow tracking server answers", code=2)
-    assert not (ckpt / "ckpt.pth").exists() and "epoch 1/" not in r.stdout
-    with pytest.raises(UsageError, match="--mlflow ftp://example.org/x: not a tracking URI"):
-        parse(*common_args(data_dir, ckpt, "--mlflow", "ftp://example.org/x"))
+    env = {"MLFLOW_EXPERIMENT_NAME": "frozen", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20", "CIFAR_MLFLOW_WAIT_S": "2"}
+    server.stop()
+    down = run_main(common_args(data_dir, ckpt, "--mlflow", server.uri, epochs=1), env_extra=env)
+    assert_ok(down)
+    assert "does not answer" in down.stderr and "epoch 1 was not logged" in down.stderr, down.stderr
+    assert not (ckpt / tracking.RUN_FILE).exists() and load_ckpt(ckpt / "ckpt.pth")["tracking"] is None
+    server.start()
+    job = jobs([PY, "main.py", *common_args(data_dir, ckpt, "--mlflow", server.uri, "--auto-resume", epochs=12)], env)
+    run_id = wait_until(lambda: tracking.read_run_file(ckpt), 120, "the MLflow run", job)["mlflow_run_id"]
+    client = MlflowClient(server.uri)
+    seen = wait_until(lambda: max(steps(client, run_id), default=0) >= 3 and steps(client, run_id), 120,
+                      "epoch 3 in MLflow", job, interval=0.05)
+    freeze(server)
+    try:
+        frozen_at = time.monotonic()
+        assert job.wait(120) == 0, job.output()
+        after = time.monotonic() - frozen_at
+        out = job.output()
+        left = 12 - max(seen)
+        assert left >= 1, "the run had logged every epoch before the server froze"
+        # Each epoch after the freeze would have waited a request's 20 s timeout on the training
+        # path; here they take what they took before (LeNet, 500 images: under a second), and
+        # the end waits its 2 s.
+        assert after < 5 + 5 * left, (after, left, out[-3000:])
+        assert re.search(r"epochs? [\d-]*12 (were|was) not logged", out), out[-3000:]
+    finally:
+        thaw(server)
+    assert_ok(run_main(common_args(data_dir, ckpt, "--mlflow", server.uri, "--auto-resume", epochs=13),
+                       env_extra=env))
+    _, runs = runs_of(server.uri, "frozen")
+    assert [r.info.run_id for r in runs] == [run_id]
+    for key in ("test_acc", "lr"):
+        assert steps(client, run_id, key) == list(range(1, 14)), key  # each epoch once
+    assert runs[0].info.status == "FINISHED"
+
+
+def test_the_run_folder_names_the_run_so_a_crash_before_the_first_checkpoint_continues_it(server, data_dir,
+                                                                                         tmp_path, jobs):
+    # Killed (SIGKILL) once its MLflow run exists, its checkpoint and metrics.csv removed (as a
+    # crash before the first checkpoint leaves the folder), the run started again continues that
+    # MLflow run; a run ended by SIGTERM is KILLED, not left RUNNING; and a run the server no
+    # longer has gets a new one, said in a line.
+    ckpt, env = tmp_path / "ckpt", {"MLFLOW_EXPERIMENT_NAME": "crashed"}
+    job = jobs([PY, "main.py", *common_args(data_dir, ckpt, "--mlflow", server.uri, epochs=40)], env)
+    first = wait_until(lambda: tracking.read_run_file(ckpt), 120, "the MLflow run", job)["mlflow_run_id"]
+    job.kill()
+    for name in ("ckpt.pth", "best.pth", "metrics.csv"):
+        (ckpt / name).unlink(missing_ok=True)
+    job = jobs([PY, "main.py", *common_args(data_dir, ckpt, "--mlflow", server.uri, epochs=40)], env)
+    wait_until(lambda: "epoch 1/40" in job.output(), 120, "the first epoch", job)
+    job.signal(signal.SIGTERM)
+    assert job.wait(60) != 0
+    client, runs = runs_of(server.uri, "crashed")
+    assert [r.info.run_id for r in runs] == [first] and runs[0].info.status == "KILLED", runs
+    client.delete_run(first)
+    r = assert_ok(run_main(common_args(data_dir, ckpt, "--mlflow", server.uri, "--auto-resume", epochs=2),
+                           env_extra=env))
+    assert f"run {first} is not on {server.uri}" in r.stderr, r.stderr
+    _, runs = runs_of(server.uri, "crashed")
+    assert len(runs) == 1 and runs[0].info.run_id != first and steps(client, runs[0].info.run_id) == [1, 2]
+
+
+def test_a_bad_uri_is_one_line_before_any_training_and_says_no_secret(client_side, data_dir, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    with pytest.raises(UsageError, match=r"--mlflow ftp://me:\*\*\*@example.org/x: not a tracking URI"):
+        parse(*common_args(data_dir, ckpt, "--mlflow", "ftp://me:CANARY@example.org/x"))
     with pytest.raises(UsageError, match="--mlflow-log-model logs to MLflow: add --mlflow URI"):
         parse(*common_args(data_dir, ckpt, "--mlflow-log-model"))
+    r = run_main([*common_args(data_dir, ckpt, "--mlflow", "gopher://me:CANARY@h/x")])
+    assert_one_line_error(r, "--mlflow gopher://me:***@h/x: not a tracking URI", code=2)
+    assert "CANARY" not in r.stdout + r.stderr
 
 
 def test_without_mlflow_the_flag_names_the_install(monkeypatch, tmp_path):

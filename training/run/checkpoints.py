@@ -18,7 +18,7 @@ import zipfile
 
 import torch
 
-from training.base import recipe
+from training.base import recipe, redact
 from training.base.errors import TrainerError, UsageError
 from training.base.layout import contiguous_state
 from training.base.safeio import atomic_write
@@ -63,7 +63,7 @@ def checkpoint_state(args, model, optimizer, scaler, schedule, next_epoch, best_
             "optimizer": contiguous_state(optimizer.state_dict()),
             "schedule": schedule.state_dict(), "scaler": scaler.state_dict(), "epoch": next_epoch,
             "best_acc": best_acc, "arch": args.arch, "num_classes": len(data.CLASSES),
-            "world_size": world_size, "args": dict(vars(args)), "history": list(history),
+            "world_size": world_size, "args": redact.flags(args), "history": list(history),
             "tracking": tracking}
 
 

@@ -17,6 +17,7 @@ import sys
 import time
 
 from training.base.errors import TrainerError
+from training.base.redact import redact
 
 # Where launchers give a process its rank before any init, in the order they are read:
 # horovodrun; Open MPI's mpirun; torchrun, whose workers under srun inherit the torchrun
@@ -93,16 +94,27 @@ def _ignore_stop_signals():
         signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_IGN)
 
 
-# A stop signal that arrived inside `stops_held`, raised when it ends.
-_stops_held = {"depth": 0, "signum": None}
+# A stop signal that arrived inside `stops_held`, raised when it ends; and the one this process
+# stops on, once it is raised.
+_stops_held = {"depth": 0, "signum": None, "stopping": None}
+
+
+def stopped():
+    """The stop signal this process is stopping on, or None."""
+    return _stops_held["stopping"]
+
+
+def _terminate(signum):
+    _ignore_stop_signals()
+    _stops_held["stopping"] = signum
+    raise Terminated(signum)
 
 
 def _raise_terminated(signum, frame):
     if _stops_held["depth"]:
         _stops_held["signum"] = _stops_held["signum"] or signum
         return
-    _ignore_stop_signals()
-    raise Terminated(signum)
+    _terminate(signum)
 
 
 @contextlib.contextmanager
@@ -118,8 +130,7 @@ def stops_held():
         if not _stops_held["depth"]:
             signum, _stops_held["signum"] = _stops_held["signum"], None
     if signum is not None:
-        _ignore_stop_signals()
-        raise Terminated(signum)
+        _terminate(signum)
 
 
 def stop_on(name):
@@ -150,7 +161,7 @@ def say(line):
     """One line to stderr in one write: print() writes the text and its newline apart, and a
     launcher or another rank sharing the stream (torchrun's agent, srun's output file) can
     write between the two."""
-    sys.stderr.write(line + "\n")
+    sys.stderr.write(redact(line) + "\n")
     sys.stderr.flush()
 
 

@@ -10,7 +10,7 @@ import csv
 import os
 import sys
 
-from training.base import safeio
+from training.base import redact, safeio
 from training.base.safeio import atomic_write
 from training.run import curves
 from training.run import tracking as tracking_mod
@@ -129,8 +129,11 @@ class RunLog:
             atomic_write(os.path.join(self.dir, "curves.svg"), lambda f: f.write(text))
             write_hparams(self.args, self.history, self.world_size,
                           os.path.join(self.dir, "tb", "hparams"))
-        if final and self._tracker is not None:
-            self._tracker.finish(self.dir, getattr(self.args, "mlflow_log_model", False))
+        if self._tracker is not None:  # where final=False, the MLflow run goes on in the next
+            if final:
+                self._tracker.finish(self.dir, getattr(self.args, "mlflow_log_model", False))
+            else:
+                self._tracker.close(None)
         target = self.args.target_acc
         if final and target is not None:
             print(target_line(self.history, target), flush=True)
@@ -140,7 +143,7 @@ def hparams_of(args, world_size):
     """The run's settings as TensorBoard's HPARAMS tab shows them: every flag (a value that is not
     a number, text or bool, None among them, as text) and the world size."""
     out = {k: v if isinstance(v, (bool, int, float, str)) else str(v)
-           for k, v in sorted(vars(args).items())}
+           for k, v in sorted(redact.flags(args).items())}
     out["world_size"] = world_size
     return out
 

@@ -1,43 +1,48 @@
 """MLflow tracking of a run (--mlflow URI, or MLFLOW_TRACKING_URI set): one MLflow run per
 training run, written by the process that reports; the other ranks build nothing.
 
-- **At its start** the MLflow run gets the run's flags, the recipe as the flags resolved it,
-  the world size, the trainer, the git commit and Slurm's job id as params. A run that continues
-  a checkpoint (--resume, --auto-resume's restarts, an elastic world after a reset) continues
-  the MLflow run the checkpoint names (`state`, saved in it as "tracking"), and sends only the
-  epochs the server does not have: none is logged twice.
-- **Each epoch** metrics.csv's row, at step = epoch, after the checkpoint that holds it.
-- **At the end** metrics.csv and curves.svg as artifacts, best.pth with --mlflow-log-model, and
-  the run marked finished.
-- **main_sweep.py** is an MLflow run of its own (parent_run), with each run of a sweep and each
-  trial of a search nested under it; sweep.csv and sweep.svg (search.csv, search.svg) are its
-  artifacts at the end. A trial's run ends as Optuna ended the trial (end_trial).
-- **A server that stops answering** never stops training: the run says so in one line, keeps
-  the epochs, and sends them when the server answers again, or at the end. A request waits at
-  most MLFLOW_HTTP_REQUEST_TIMEOUT seconds (here 10 unless set) and is not retried.
+- **Off the training path.** Every request is sent by a thread of its own (the sender,
+  sender.py); training hands it each epoch's row and never waits on the network, whatever the
+  store. A server that does not answer, at the start or later, stops no training: the run says
+  so in one line, keeps the epochs, and the sender creates or continues the MLflow run and sends
+  them when the server answers again.
+- **One MLflow run per training run.** Its id is written into the run folder (RUN_FILE) as soon
+  as it exists, and into each checkpoint: a restart (--resume, --auto-resume, an elastic world
+  after a reset, a crash before the first checkpoint) continues it, sending only the epochs the
+  server lacks. MLFLOW_RUN_ID and MLFLOW_EXPERIMENT_ID are honoured as MLflow's own
+  integrations honour them. A run the server no longer has, or a different server, gets a new
+  run and a line saying so.
+- **What it holds**: the run's flags, the recipe as resolved, the world size, the trainer,
+  MLflow's standard tags (user, source, git commit) and Slurm's job id; each epoch metrics.csv's
+  row at step = epoch; at the end metrics.csv, curves.svg and, with --mlflow-log-model, best.pth.
+  Every flag and URI it writes or prints is redacted (training/base/redact.py).
+- **Its status**: FINISHED at the end of training, FAILED where the process ends on an error,
+  KILLED on a stop signal; a run stopped by --stop-at short of --epochs stays RUNNING. A search's
+  trial ends once, as Optuna ended it (end_trial), its files sent then.
+- **main_sweep.py** is an MLflow run of its own (parent_run), with each run and trial nested
+  under it.
 
-MLflow is not a requirement of the trainer: it is imported only here, only under --mlflow.
-Without it, --mlflow is one line naming the install.
+MLflow is not a requirement of the trainer: it is imported only under --mlflow. Without it,
+--mlflow is one line naming the install.
 """
+import atexit
 import importlib.util
 import json
 import os
 import subprocess
 import sys
-import time
 
 from training.base import recipe, safeio
 from training.base.errors import UsageError
+from training.base.redact import redact, redacted
+from training.run import launch, sender
 
 INSTALL = "pip install mlflow-skinny"  # the client alone; a server needs `pip install mlflow`
 SCHEMES = ("http", "https", "file", "sqlite", "postgresql", "mysql", "mssql", "databricks")
-METRICS = ("lr", "train_loss", "train_acc", "test_loss", "test_acc", "epoch_time_s", "train_time_s",
-           "images_per_s", "world_size")  # runlog.METRICS_COLUMNS less the step
-BATCH = 900  # metrics per request (MLflow takes at most 1000)
-PARENT = ".mlflow-run.json"  # in main_sweep.py's CHECKPOINT_DIR: the MLflow run of the job
+RUN_FILE = ".mlflow-run.json"  # in the run folder (main_sweep.py's too): the MLflow run it logs to
 # Optuna's end of a trial, as the trial's MLflow run ends (FINISHED where it completed).
 TRIAL_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}
-_last = {}  # the Tracker this process made last: a search's trial is marked through it
+_last = {}  # the Tracker this process made last: a search's trial is ended through it
 
 
 def uri_of(args):
@@ -55,8 +60,9 @@ def check_flags(args):
         return
     scheme = uri.split(":", 1)[0].split("+", 1)[0].lower() if ":" in uri else "file"
     if scheme not in SCHEMES:
-        raise UsageError(f"--mlflow {uri}: not a tracking URI MLflow takes (http://HOST:PORT, a "
-                         "folder, sqlite:///FILE, postgresql://...); fix it, or drop --mlflow")
+        raise UsageError(f"--mlflow {redact(uri)}: not a tracking URI MLflow takes "
+                         "(http://HOST:PORT, a folder, sqlite:///FILE, postgresql://...); fix it, "
+                         "or drop --mlflow")
     if importlib.util.find_spec("mlflow") is None:
         raise UsageError(f"--mlflow needs MLflow, which is not installed here: {INSTALL}")
 
@@ -75,11 +81,13 @@ def git_commit():
 
 
 def params_of(args, world_size):
-    """Every flag, the recipe as resolved (recipe.<key>: the flag's value where there is one),
-    the world size, the trainer, the git commit and Slurm's job id: as MLflow params (text)."""
-    out = {k: str(v) for k, v in sorted(vars(args).items()) if not k.startswith("mlflow")}
+    """Every flag (redacted), the recipe as resolved (recipe.<key>: the flag's value where it
+    has one, else the recipe's), the world size, the trainer, the git commit and Slurm's job id:
+    as MLflow params (text)."""
+    out = {k: str(redacted(v)) for k, v in sorted(vars(args).items()) if not k.startswith("mlflow")}
     for key, value in recipe.of(args).items():
-        out[f"recipe.{key}"] = str(getattr(args, key, value))
+        given = getattr(args, key, None)
+        out[f"recipe.{key}"] = str(value if given is None else given)
     out["world_size"] = str(world_size)
     out["trainer"] = os.path.basename(sys.argv[0] or "main.py")
     out["git_commit"] = str(git_commit())
@@ -90,189 +98,164 @@ def params_of(args, world_size):
     return out
 
 
+def read_run_file(folder):
+    """What RUN_FILE in `folder` holds ({"mlflow_run_id", "tracking_uri"}), or None."""
+    try:
+        with open(os.path.join(folder, RUN_FILE)) as f:
+            state = json.load(f)
+        return state if isinstance(state, dict) and state.get("mlflow_run_id") else None
+    except (OSError, ValueError):
+        return None
+
+
+def write_run_file(folder, state):
+    os.makedirs(folder, exist_ok=True)
+    text = json.dumps(state).encode()
+    safeio.atomic_write(os.path.join(folder, RUN_FILE), lambda f: f.write(text))
+
+
+def check_client():
+    try:
+        import mlflow.tracking  # noqa: F401
+    except ImportError:
+        raise UsageError(f"--mlflow needs MLflow, which is not installed here: {INSTALL}") from None
+
+
 class Tracker:
-    """The MLflow run of one training run, on the process that reports (see the module)."""
+    """The MLflow run of one training run, on the process that reports (see the module). Its
+    requests go through a sender.Sender; nothing here waits on the network but `close`, for at
+    most its `wait_s`."""
 
     def __init__(self, args, world_size, history, state=None, parent=None, nests=False):
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
-        # MLflow's own "View run" line at every end (a search's trial ends each epoch): the run
-        # says where it logs once, as it starts.
-        os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "1")
-        try:
-            from mlflow.entities import Metric, Param, RunTag
-            from mlflow.tracking import MlflowClient
-        except ImportError:
-            raise UsageError(f"--mlflow needs MLflow, which is not installed here: {INSTALL}") \
-                from None
-        self.Metric, self.Param, self.RunTag = Metric, Param, RunTag
+        check_client()
         self.args, self.uri = args, uri_of(args)
-        self.client = MlflowClient(tracking_uri=self.uri)
-        self.run_id = (state or {}).get("mlflow_run_id")
-        self.failing = False  # the server did not answer the last request
-        self.spent, self.logged = 0.0, 0  # seconds in log_epochs, epochs it was given
+        self.shown = redact(self.uri)  # the URI as lines and files show it
+        self.folder = args.checkpoint_dir
         self.nests = nests  # main_sweep.py's run, which the runs are nested under
-        self.world_size, self.params_due = world_size, True
-        # The epochs to send; until `known`, some may be on the server already (a run continued,
-        # or a request that failed after the server took it), and are dropped before a send.
-        self.pending, self.known = list(history), self.run_id is None
-        try:
-            if self.run_id is None:
-                self.run_id = self._create(parent)
-                if not nests:  # main_sweep.py's run says where it is after the job's summary
-                    print(f"mlflow: logging to run {self.run_id} at {self.uri}", flush=True)
-            self._catch_up()
-        except Exception as e:
-            if self.run_id is None:  # nothing to continue: a fresh run needs its server now
-                raise UsageError(f"--mlflow {self.uri}: no MLflow tracking server answers "
-                                 f"({_short(e)}); start it, fix the URI, or drop --mlflow") \
-                    from None
-            self._lost(e)
+        self.status = None  # the status the run was ended with, once it was
+        run_id, why = self._run_to_continue(state, parent)
+        self.sender = sender.Sender(self, run_id, world_size, history, parent, why)
         _last["tracker"] = self
+        if not _last.get("exit_hook"):  # once a process, at its first tracker
+            atexit.register(end_unfinished)
+            _last["exit_hook"] = True
+        sender.live.add(self)
+
+    def _run_to_continue(self, state, parent):
+        """(the MLflow run to continue, or None for a new one; the line to say if a run named
+        is not continued): the checkpoint's, else RUN_FILE's (a run that crashed before its
+        first checkpoint; not under --overwrite), else MLFLOW_RUN_ID (not for a nested run)."""
+        fresh = getattr(self.args, "overwrite", False) and not getattr(self.args, "resume", False)
+        state = state or (None if fresh else read_run_file(self.folder))
+        if not state and parent is None and not self.nests and os.environ.get("MLFLOW_RUN_ID"):
+            state = {"mlflow_run_id": os.environ["MLFLOW_RUN_ID"]}
+        if not state or not state.get("mlflow_run_id"):
+            return None, None
+        kept = state.get("tracking_uri")
+        if kept is not None and kept != self.shown:
+            return None, (f"mlflow: run {state['mlflow_run_id']} was logged to {kept}, not "
+                          f"{self.shown}; logging to a new run there")
+        return state["mlflow_run_id"], None
+
+    def params(self, world_size):
+        return params_of(self.args, world_size)
+
+    def commit(self):
+        return git_commit()
+
+    @property
+    def run_id(self):
+        return self.sender.run_id
 
     @property
     def state(self):
-        """What the checkpoint keeps of it: the MLflow run to continue."""
-        return {"mlflow_run_id": self.run_id}
+        """What the checkpoint keeps of it: the MLflow run to continue, and where it is."""
+        run_id = self.sender.run_id
+        return {"mlflow_run_id": run_id, "tracking_uri": self.shown} if run_id else None
 
-    def _create(self, parent):
-        name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "cifar10")
-        experiment = self.client.get_experiment_by_name(name)
-        experiment_id = (experiment.experiment_id if experiment
-                         else self.client.create_experiment(name))
-        tags = {"mlflow.source.name": os.path.basename(sys.argv[0] or "main.py"),
-                "checkpoint_dir": os.path.abspath(self.args.checkpoint_dir)}
-        if parent:
-            tags["mlflow.parentRunId"] = parent
-        name = os.path.basename(os.path.abspath(self.args.checkpoint_dir))
-        return self.client.create_run(experiment_id, tags=tags, run_name=name).info.run_id
+    def created(self, run_id):
+        """The sender made or found the run: the run folder names it from now on."""
+        state = {"mlflow_run_id": run_id, "tracking_uri": self.shown}
+        try:
+            write_run_file(self.folder, state)
+        except Exception as e:  # the checkpoint will name it all the same
+            print(f"mlflow: could not write {os.path.join(self.folder, RUN_FILE)} ({e})",
+                  file=sys.stderr, flush=True)
+        if not self.nests:  # main_sweep.py's run says where it is after the job's summary
+            print(f"mlflow: logging to run {run_id} at {self.shown}", flush=True)
 
-    def _send_params(self):
-        """The run's params, those it lacks: all of a new run's. A param a restart changed (--lr,
-        the world size) keeps its first value, and the new one is a tag, resumed.<key>. The run
-        is marked running (again)."""
-        logged = self.client.get_run(self.run_id).data.params
-        params, tags = [], []
-        for k, v in params_of(self.args, self.world_size).items():
-            if k not in logged:
-                params.append(self.Param(k, v[:6000]))
-            elif logged[k] != v[:6000]:
-                tags.append(self.RunTag(f"resumed.{k}", v[:5000]))
-        for i in range(0, max(len(params), len(tags)), 100):
-            self.client.log_batch(self.run_id, params=params[i:i + 100], tags=tags[i:i + 100])
-        self.client.update_run(self.run_id, status="RUNNING")
-        self.params_due = False
-
-    def _catch_up(self):
-        """Before sending epochs: those the server has dropped from them, where that is not
-        known, and the params sent where they are due."""
-        if not self.known:
-            sent = {m.step for m in self.client.get_metric_history(self.run_id, "test_acc")}
-            self.pending = [r for r in self.pending if r["epoch"] not in sent]
-            self.known = True
-        if self.params_due:
-            self._send_params()
+    def wait_for_run(self, seconds):
+        """The run's id once the server made it, waiting at most `seconds`; None if it did not."""
+        return self.sender.wait_for_run(seconds)
 
     def log_epochs(self, rows):
-        """Add the rows to what is to be sent, and send it all if the server answers."""
-        t0 = time.perf_counter()
-        self.pending += list(rows)
-        self.logged += len(rows)
-        self.flush()
-        self.spent += time.perf_counter() - t0
+        """Hand epochs' rows to the sender; returns at once."""
+        self.sender.put_rows(rows)
 
-    def flush(self):
-        """Send the epochs kept; True when none is left."""
-        if not self.pending and not self.params_due:
-            return True
-        try:
-            self._catch_up()
-            now = int(time.time() * 1000)
-            metrics = [self.Metric(k, float(r[k]), now, int(r["epoch"]))
-                       for r in self.pending for k in METRICS]
-            for i in range(0, len(metrics), BATCH):
-                self.client.log_batch(self.run_id, metrics=metrics[i:i + BATCH])
-        except Exception as e:
-            self._lost(e)
-            return False
-        if self.failing:
-            epochs = [r["epoch"] for r in self.pending]
-            print(f"mlflow: {self.uri} answers again"
-                  + (f"; epochs {_span(epochs)} logged" if epochs else ""), flush=True)
-            self.failing = False
-        self.pending = []
-        return True
-
-    def _lost(self, error):
-        self.known = False  # the failed request may have reached the server
-        if not self.failing:
-            print(f"mlflow: {self.uri} does not answer ({_short(error)}); training goes on, and "
-                  "its epochs are logged when it answers again", file=sys.stderr, flush=True)
-        self.failing = True
+    def close(self, status=None, files=(), tags=None, wait_s=None):
+        """End this tracker: the epochs left sent, then `files` (paths) as artifacts, `tags`,
+        and the run's `status` where one is given (None: a pause, the run goes on later, as
+        after --stop-at). Waits at most wait_s (sender.FINISH_WAIT_S) for the server; what it
+        did not take is said in one line, and is in metrics.csv. A status is set once."""
+        if self.status is not None:
+            return
+        self.status = status
+        sender.live.discard(self)
+        self.sender.end(status, files, tags or {}, wait_s)
 
     def finish(self, folder, log_model=False, files=("metrics.csv", "curves.svg")):
-        """The end of the run: the epochs left, the artifacts, and the run marked finished. What
-        the server does not take is said in one line; metrics.csv holds it all."""
-        if not self.flush():
-            print(f"mlflow: epochs {_span([r['epoch'] for r in self.pending])} were not logged: "
-                  f"{self.uri} did not answer; they are in {folder}/metrics.csv", file=sys.stderr,
-                  flush=True)
-            return
-        files = list(files) + (["best.pth"] if log_model else [])
-        try:
-            for name in files:
-                path = os.path.join(folder, name)
-                if os.path.isfile(path):
-                    where = "checkpoint" if name == "best.pth" else None
-                    self.client.log_artifact(self.run_id, path, where)
-            self.client.set_terminated(self.run_id, "FINISHED")
-            if self.nests:  # main_sweep.py's run, after the job's summary
-                print(f"mlflow: the runs are nested under run {self.run_id} at {self.uri}",
-                      flush=True)
-            elif self.logged:
-                each = self.spent / self.logged * 1e3
-                print(f"mlflow: {self.logged} epochs logged, {each:.1f} ms an epoch", flush=True)
-        except Exception as e:
-            print(f"mlflow: {self.uri} did not take the run's files ({_short(e)}); they are in "
-                  f"{folder}", file=sys.stderr, flush=True)
+        """The end of the run's training: FINISHED, with its files. A run that stopped at
+        --stop-at short of --epochs (a search's trial between epochs too) is not at its end:
+        its epochs are sent, and the run stays RUNNING."""
+        stop_at = getattr(self.args, "stop_at", None)
+        if stop_at is not None and stop_at < self.args.epochs and not self.nests:
+            self.close(None)
+        else:
+            self.close("FINISHED", artifacts(folder, files, log_model))
+
+
+def artifacts(folder, files, log_model):
+    names = list(files) + (["best.pth"] if log_model else [])
+    return [os.path.join(folder, n) for n in names if os.path.isfile(os.path.join(folder, n))]
 
 
 def parent_run(args, world_size):
     """main_sweep.py's MLflow run (world rank 0), under which each run or trial is nested
-    (--mlflow-parent): the one CHECKPOINT_DIR/.mlflow-run.json names (a job submitted again),
-    else a new one, named there. A Tracker, or None without --mlflow."""
+    (--mlflow-parent): the one CHECKPOINT_DIR/RUN_FILE names (a job submitted again), else a new
+    one. (its Tracker, the run's id or None where the server did not make it in time: the runs
+    are then not nested); (None, None) without --mlflow."""
     if uri_of(args) is None:
-        return None
-    path = os.path.join(args.checkpoint_dir, PARENT)
-    try:
-        with open(path) as f:
-            state = json.load(f)
-    except (OSError, ValueError):
-        state = None
-    tracker = Tracker(args, world_size, [], state, nests=True)
-    os.makedirs(args.checkpoint_dir, exist_ok=True)
-    safeio.atomic_write(path, lambda f: f.write(json.dumps(tracker.state).encode()))
-    return tracker
+        return None, None
+    tracker = Tracker(args, world_size, [], read_run_file(args.checkpoint_dir), nests=True)
+    run_id = tracker.wait_for_run(sender.PARENT_WAIT_S)
+    if run_id is None:
+        print(f"mlflow: {tracker.shown} did not answer as the job started: its runs are logged "
+              "as runs of their own, not nested under the job's", file=sys.stderr, flush=True)
+    return tracker, run_id
 
 
 def end_trial(folder, state):
     """main_sweep.py --search, on the process that was rank 0 of a trial's last run: its MLflow
-    run ended as Optuna ended the trial (TRIAL_STATUS), with the tag optuna.state. Nothing
-    without --mlflow, or where that run was not this trial's (it failed before it logged)."""
+    run ended as Optuna ended the trial (TRIAL_STATUS), with the tag optuna.state and the trial's
+    files, once: a trial that completed was FINISHED with its files by its last run, and gets
+    the tag alone. Nothing without --mlflow, or where that run was not this trial's (it failed
+    before it logged)."""
     tracker = _last.pop("tracker", None)
-    if tracker is None or os.path.abspath(tracker.args.checkpoint_dir) != os.path.abspath(folder):
+    if tracker is None or os.path.abspath(tracker.folder) != os.path.abspath(folder):
         return
-    try:
-        tracker.client.set_tag(tracker.run_id, "optuna.state", state)
-        tracker.client.set_terminated(tracker.run_id, TRIAL_STATUS[state])
-    except Exception as e:
-        tracker._lost(e)
+    tags = {"optuna.state": state}
+    if tracker.status is not None:
+        tracker.sender.end(None, (), tags, None)
+        return
+    log_model = getattr(tracker.args, "mlflow_log_model", False)
+    tracker.close(TRIAL_STATUS[state], artifacts(folder, ("metrics.csv", "curves.svg"), log_model),
+                  tags)
 
 
-def _short(error):
-    text = str(error).strip().splitlines()
-    return (text[0] if text else type(error).__name__)[:200]
-
-
-def _span(epochs):
-    return f"{epochs[0]}-{epochs[-1]}" if len(epochs) > 1 else str(epochs[0])
+def end_unfinished(status=None):
+    """Every tracker of this process not yet closed, ended as the process or the run ends:
+    KILLED after a stop signal, else FAILED (or `status`). Waits a short, bounded time."""
+    if status is None:
+        status = "KILLED" if launch.stopped() else "FAILED"
+    for tracker in list(sender.live):
+        tracker.close(status, wait_s=sender.ABORT_WAIT_S)

@@ -1,0 +1,279 @@
+"""The sender of a run's MLflow requests (tracking.py's Tracker): a thread with an inbox, so
+that training never waits on the tracking server, whatever the store.
+
+The training thread hands it rows (`put_rows`) and returns at once. The thread makes or finds
+the MLflow run, sends the params the run lacks and every row it has not sent, in batches. Where
+a request fails it says so in one line, keeps what it has, and tries again every RETRY_S
+seconds; when the server answers again it says so and sends what it kept. `end` hands it the
+run's end (files, tags, a status) and waits at most FINISH_WAIT_S (the variable
+CIFAR_MLFLOW_WAIT_S where set) for all of it to reach the server; what did not is named in one
+line. A request waits at most MLFLOW_HTTP_REQUEST_TIMEOUT seconds (10 here unless set) and is
+not retried by MLflow itself (MLFLOW_HTTP_REQUEST_MAX_RETRIES 0 unless set): the sender's own
+retries take its place.
+"""
+import os
+import queue
+import sys
+import threading
+import time
+
+from training.base.redact import redact
+
+METRICS = ("lr", "train_loss", "train_acc", "test_loss", "test_acc", "epoch_time_s", "train_time_s",
+           "images_per_s", "world_size")  # runlog.METRICS_COLUMNS less the step
+BATCH = 900  # metrics per request (MLflow takes at most 1000)
+RETRY_S = 5.0  # between tries while the server does not answer
+FINISH_WAIT_S = 30.0  # the longest a run's end waits for the server
+PARENT_WAIT_S = 15.0  # the longest main_sweep.py waits for its own run, to nest the runs under
+ABORT_WAIT_S = 5.0  # the longest a process ending on an error or a stop waits to mark its run
+LINGER_S = 300.0  # how long a sender goes on trying after its end stopped waiting for it
+live = set()  # the trackers of this process not yet closed (tracking.end_unfinished)
+
+
+def finish_wait_s():
+    return float(os.environ.get("CIFAR_MLFLOW_WAIT_S", FINISH_WAIT_S))
+
+
+def span(epochs):
+    epochs = sorted(epochs)
+    return f"{epochs[0]}-{epochs[-1]}" if len(epochs) > 1 else str(epochs[0])
+
+
+def short(error):
+    text = str(error).strip().splitlines()
+    return redact((text[0] if text else type(error).__name__)[:200])
+
+
+def error_code(e):
+    return getattr(e, "error_code", None)
+
+
+class Sender:
+    """The requests of one Tracker, sent by a thread of their own (see the module)."""
+
+    def __init__(self, tracker, run_id, world_size, history, parent, why):
+        for var, value in (("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0"),
+                           ("MLFLOW_HTTP_REQUEST_TIMEOUT", "10"),
+                           # MLflow's own "View run" line at every end
+                           ("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "1")):
+            os.environ.setdefault(var, value)
+        self.tracker, self.shown = tracker, tracker.shown
+        self.run_id, self.parent, self.why = run_id, parent, why
+        self.world_size = world_size
+        self.rows = list(history)  # every row known: all of them go to a run made anew
+        # The rows to send; until `known`, some may be on the server already (a run continued,
+        # or a request that failed after the server took it), and are dropped before a send.
+        self.pending, self.known = list(history), run_id is None
+        self.verified = False  # the run to continue was found on the server
+        self.params_due, self.failing = True, False
+        self.sent = set()  # epochs the server has
+        self.handed = [r["epoch"] for r in history]  # epochs the tracker was given
+        self.spent, self.given = 0.0, 0  # the training thread's seconds in put_rows, its rows
+        self.client = None
+        self.inbox = queue.SimpleQueue()
+        self.made, self.done = threading.Event(), threading.Event()
+        self.thread = None
+        self._start()
+
+    def _start(self):
+        self.done.clear()
+        self.thread = threading.Thread(target=self._serve, name="mlflow sender", daemon=True)
+        self.thread.start()
+        self.inbox.put(("start", None))
+
+    def put_rows(self, rows):
+        t0 = time.perf_counter()
+        rows = list(rows)
+        self.handed += [r["epoch"] for r in rows]
+        self.given += len(rows)
+        self.inbox.put(("rows", rows))
+        self.spent += time.perf_counter() - t0
+
+    def wait_for_run(self, seconds):
+        self.made.wait(seconds)
+        return self.run_id
+
+    def unsent(self):
+        sent = set(self.sent)
+        return sorted({e for e in self.handed if e not in sent})
+
+    def end(self, status, files, tags, wait_s=None):
+        """Hand the end to the thread (restarted where an earlier end stopped it), and wait for
+        it at most wait_s; say what did not reach the server."""
+        if self.done.is_set():  # an earlier end was sent: its thread is returning
+            self.thread.join()
+        if not self.thread.is_alive():
+            self._start()
+        self.inbox.put(("end", (status, list(files), dict(tags))))
+        wait_s = finish_wait_s() if wait_s is None else wait_s
+        if self.done.wait(wait_s):
+            if status == "FINISHED" and not self.tracker.nests and self.given:
+                each = self.spent / self.given * 1e3
+                print(f"mlflow: {self.given} epochs logged, {each:.3f} ms an epoch", flush=True)
+            elif status == "FINISHED" and self.tracker.nests:
+                print(f"mlflow: the runs are nested under run {self.run_id} at {self.shown}",
+                      flush=True)
+            return True
+        left = self.unsent()
+        what = (f"epoch {left[0]} was not logged" if len(left) == 1 else
+                f"epochs {span(left)} were not logged" if left else "the run's end was not logged")
+        folder = self.tracker.folder
+        print(f"mlflow: {what}: {self.shown} did not answer within {wait_s:g} s; they are in "
+              f"{folder}/metrics.csv and go at the next resume", file=sys.stderr, flush=True)
+        return False
+
+    # The thread.
+
+    def _serve(self):
+        end, give_up = None, None
+        while True:
+            try:
+                items = [self.inbox.get(timeout=RETRY_S if self.failing else None)]
+            except queue.Empty:
+                items = []
+            while True:
+                try:
+                    items.append(self.inbox.get_nowait())
+                except queue.Empty:
+                    break
+            for kind, value in items:
+                if kind == "rows":
+                    self.pending += value
+                    self.rows += value
+                elif kind == "end":
+                    end = value
+                    give_up = time.monotonic() + finish_wait_s() + LINGER_S
+            if self._sync() and end is not None and self._end(*end):
+                self.done.set()
+                return
+            if give_up is not None and time.monotonic() > give_up:
+                return
+
+    def _sync(self):
+        """Everything kept sent; False (said once) where the server did not take it."""
+        try:
+            if self.client is None:
+                from mlflow.tracking import MlflowClient
+                self.client = MlflowClient(tracking_uri=self.tracker.uri)
+            if not self.verified:
+                self._open()
+            if not self.known:
+                history = self.client.get_metric_history(self.run_id, "test_acc")
+                on_server = {m.step for m in history}
+                self.sent |= on_server
+                self.known = True
+            # An epoch the server has (a run continued from before a checkpoint) goes once.
+            self.pending = [r for r in self.pending if r["epoch"] not in self.sent]
+            if self.params_due:
+                self._send_params()
+            now = int(time.time() * 1000)
+            from mlflow.entities import Metric
+            metrics = [Metric(k, float(r[k]), now, int(r["epoch"])) for r in self.pending
+                       for k in METRICS]
+            for i in range(0, len(metrics), BATCH):
+                self.client.log_batch(self.run_id, metrics=metrics[i:i + BATCH])
+        except Exception as e:
+            self._lost(e)
+            return False
+        self.sent |= {r["epoch"] for r in self.pending}
+        if self.failing:
+            epochs = [r["epoch"] for r in self.pending]
+            print(f"mlflow: {self.shown} answers again"
+                  + (f"; epochs {span(epochs)} logged" if epochs else ""), flush=True)
+            self.failing = False
+        self.pending = []
+        return True
+
+    def _open(self):
+        """The run to continue found, or a new one made (a run the server lacks too)."""
+        if self.run_id is not None:
+            try:
+                run = self.client.get_run(self.run_id)
+            except Exception as e:
+                if error_code(e) != "RESOURCE_DOES_NOT_EXIST":
+                    raise
+                run = None
+            if run is not None and run.info.lifecycle_stage != "deleted":
+                self.verified = True
+                self.made.set()
+                return
+            self.why = (f"mlflow: run {self.run_id} is not on {self.shown} (deleted, or another "
+                        "server); logging to a new run")
+            self.run_id = None
+        if self.why:
+            print(self.why, file=sys.stderr, flush=True)
+            self.why = None
+        self.run_id = self._create()
+        self.verified = self.known = True
+        self.pending, self.sent = list(self.rows), set()
+        self.made.set()
+        self.tracker.created(self.run_id)
+
+    def _create(self):
+        from mlflow.tracking.context.registry import resolve_tags
+        client, args = self.client, self.tracker.args
+        experiment_id = os.environ.get("MLFLOW_EXPERIMENT_ID")
+        if self.parent:  # a nested run belongs to its parent's experiment
+            experiment_id = client.get_run(self.parent).info.experiment_id
+        if not experiment_id:
+            name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "cifar10")
+            found = client.get_experiment_by_name(name)
+            if found is None:
+                try:
+                    experiment_id = client.create_experiment(name)
+                except Exception as e:  # another job made it first
+                    if error_code(e) != "RESOURCE_ALREADY_EXISTS":
+                        raise
+                    found = client.get_experiment_by_name(name)
+            experiment_id = experiment_id or found.experiment_id
+        trainer = os.path.basename(sys.argv[0] or "main.py")
+        tags = resolve_tags({"mlflow.source.name": trainer,
+                             "checkpoint_dir": os.path.abspath(self.tracker.folder)})
+        commit = self.tracker.commit()
+        if commit and "mlflow.source.git.commit" not in tags:
+            tags["mlflow.source.git.commit"] = commit.removesuffix("+dirty")
+        if self.parent:
+            tags["mlflow.parentRunId"] = self.parent
+        tags = {k: redact(str(v)) for k, v in tags.items()}
+        name = os.path.basename(os.path.abspath(args.checkpoint_dir))
+        return client.create_run(experiment_id, tags=tags, run_name=name).info.run_id
+
+    def _send_params(self):
+        """The run's params, those it lacks: all of a new run's. A param a restart changed (--lr,
+        the world size) keeps its first value, and the new one is a tag, resumed.<key>. The run
+        is marked running (again)."""
+        from mlflow.entities import Param, RunTag
+        logged = self.client.get_run(self.run_id).data.params
+        params, tags = [], []
+        for k, v in self.tracker.params(self.world_size).items():
+            if k not in logged:
+                params.append(Param(k, v[:6000]))
+            elif logged[k] != v[:6000]:
+                tags.append(RunTag(f"resumed.{k}", v[:5000]))
+        for i in range(0, max(len(params), len(tags)), 100):
+            self.client.log_batch(self.run_id, params=params[i:i + 100], tags=tags[i:i + 100])
+        self.client.update_run(self.run_id, status="RUNNING")
+        self.params_due = False
+
+    def _end(self, status, files, tags):
+        """The run's files, tags and status; False (said once) where the server did not take
+        them."""
+        try:
+            for path in files:
+                where = "checkpoint" if os.path.basename(path) == "best.pth" else None
+                self.client.log_artifact(self.run_id, path, where)
+            for k, v in tags.items():
+                self.client.set_tag(self.run_id, k, v)
+            if status:
+                self.client.set_terminated(self.run_id, status)
+        except Exception as e:
+            self._lost(e)
+            return False
+        return True
+
+    def _lost(self, error):
+        self.known = False  # the failed request may have reached the server
+        if not self.failing:
+            print(f"mlflow: {self.shown} does not answer ({short(error)}); training goes on, and "
+                  "its epochs are logged when it answers again", file=sys.stderr, flush=True)
+        self.failing = True
