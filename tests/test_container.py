@@ -282,10 +282,10 @@ def test_mpirun_across_containers_on_two_hosts_equals_one_container(podman, imag
 
 @pytest.fixture
 def runs():
-    """The claim's folder, which UID 1000 may write (pytest's own folders are root's alone)."""
+    """The claim's folder as NFS provisioners make it, where the kubelet applies no fsGroup:
+    root's, writable by all; the job makes its own folders in it, as UID 1000."""
     top = pathlib.Path(tempfile.mkdtemp(prefix="k8s-runs-"))
-    top.chmod(0o755)
-    os.chown(top, 1000, 1000)
+    top.chmod(0o777)
     yield top
     shutil.rmtree(top, ignore_errors=True)
 
@@ -313,8 +313,7 @@ class Pods:
         words = [*c["command"], *c.get("args", [])]
         if "mpirun" in words:  # the hosts share this machine's 2 cores: one thread a rank
             words[words.index("mpirun") + 1:words.index("mpirun") + 1] = ["-x", "OMP_NUM_THREADS"]
-        if words[0] == "torchrun":  # this base's torch is a mounted package, without its console scripts
-            words[:1] = ["python", "-m", "torch.distributed.run"]
+        env = dict({e["name"]: e["value"] for e in c.get("env", [])}, **env)  # the manifest's, then the operator's
         r = assert_ran(self.podman(
             "run", "-d", "--network", "host", "--hostname", name,
             *(f"--add-host={n}:{a}" for n, a in self.names), "--user", f"{user['runAsUser']}:{user['runAsGroup']}",
@@ -356,7 +355,7 @@ def test_the_mpijob_launcher_waits_for_its_workers_trains_is_killed_and_resumes(
            "OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10"}
     job_pods = Pods(podman, image, doc, cluster, runs, list(zip(fqdn, cluster.addresses[1:])))
     request.addfinalizer(job_pods.remove)
-    ckpt, flags = runs / "checkpoint", [*TINY, "--epochs", str(UNTIL_ENDED)]
+    ckpt, flags = claim_folder(doc, runs), [*TINY, "--epochs", str(UNTIL_ENDED)]
     # The launcher first: it must wait for the workers' sshd, as under an operator that does not
     # wait for them to be Ready.
     launcher = job_pods.start("Launcher", f"{name}-launcher", 1, dict(env, K_MPI_JOB_ROLE="launcher"), volumes,
@@ -386,34 +385,45 @@ def test_the_mpijob_launcher_waits_for_its_workers_trains_is_killed_and_resumes(
     assert os.stat(ckpt / "ckpt.pth").st_uid == 1000
 
 
-def operator_env(doc, role, index):
-    """The variables the Training Operator sets in a pod of the PyTorchJob `doc`
-    (pkg/controller.v1/pytorch): the master's address and port, world size and rank, torchrun's PET_*."""
-    specs = doc["spec"]["pytorchReplicaSpecs"]
-    port = next(p["containerPort"] for p in specs["Master"]["template"]["spec"]["containers"][0]["ports"]
+def claim_folder(doc, runs):
+    """The job's --checkpoint-dir (a folder of the claim, at /runs) in the claim's folder here."""
+    words = [w for spec in pods(doc).values() for c in spec["containers"]
+             for w in c.get("command", []) + c.get("args", [])]
+    return runs / pathlib.PurePosixPath(words[words.index("--checkpoint-dir") + 1]).relative_to("/runs")
+
+
+def operator_env(doc):
+    """The variables the Training Operator v1.9 sets in every pod of the Worker-only PyTorchJob
+    `doc` (pkg/controller.v1/pytorch/envvar.go and elastic.go): torchrun's PET_* rendezvous,
+    at worker 0's port pytorchjob-port; torchrun gives the ranks."""
+    spec, policy = doc["spec"], doc["spec"]["elasticPolicy"]
+    worker = spec["pytorchReplicaSpecs"]["Worker"]
+    port = next(p["containerPort"] for p in worker["template"]["spec"]["containers"][0]["ports"]
                 if p["name"] == "pytorchjob-port")
-    master = f"{doc['metadata']['name']}-master-0"
-    rank = index + (1 if role == "Worker" else 0)
-    nodes = sum(s["replicas"] for s in specs.values())
-    return {"PYTHONUNBUFFERED": "1", "MASTER_PORT": str(port), "PET_MASTER_PORT": str(port), "MASTER_ADDR": master,
-            "PET_MASTER_ADDR": master, "WORLD_SIZE": str(nodes * int(doc["spec"]["nprocPerNode"])),
-            "RANK": str(rank), "PET_NODE_RANK": str(rank), "PET_NPROC_PER_NODE": doc["spec"]["nprocPerNode"],
-            "PET_NNODES": str(nodes)}
+    env = {"PYTHONUNBUFFERED": "1", "PET_NPROC_PER_NODE": spec["nprocPerNode"],
+           "PET_RDZV_ENDPOINT": f"{doc['metadata']['name']}-worker-0:{port}",
+           "PET_RDZV_BACKEND": policy["rdzvBackend"], "PET_NNODES": str(worker["replicas"])}
+    if "maxRestarts" in policy:
+        env["PET_MAX_RESTARTS"] = str(policy["maxRestarts"])
+    if "rdzvId" in policy:
+        env["PET_RDZV_ID"] = policy["rdzvId"]
+    return env
 
 
 def test_the_pytorchjob_pods_train_as_one_job(podman, image, runs, tmp_path, request):
     # One run: a restart is the same command with --auto-resume, as the MPIJob's launcher above.
     doc = job(render("ddp"))
     name = doc["metadata"]["name"]
-    assert [s["replicas"] for s in doc["spec"]["pytorchReplicaSpecs"].values()] == [1, 1]
+    assert {role: s["replicas"] for role, s in doc["spec"]["pytorchReplicaSpecs"].items()} == {"Worker": 2}
     cluster = k8s_cluster(tmp_path, request, 2, "p", "169.254.85")
-    names = [(f"{name}-master-0", cluster.addresses[0]), (f"{name}-worker-0", cluster.addresses[1])]
+    names = [(f"{name}-worker-{i}", cluster.addresses[i]) for i in range(2)]
     job_pods = Pods(podman, image, doc, cluster, runs, names)
     request.addfinalizer(job_pods.remove)
-    cids = [job_pods.start(role, pod, host, operator_env(doc, role, 0), extra=[*TINY, "--epochs", "1"])
-            for role, (pod, _), host in zip(("Master", "Worker"), names, (1, 2))]
+    # Worker 0, its pod named as the rendezvous endpoint's host, hosts torchrun's c10d store.
+    cids = [job_pods.start("Worker", pod, 1 + i, operator_env(doc), extra=[*TINY, "--epochs", "1"])
+            for i, (pod, _) in enumerate(names)]
     (m, out), (w, wout) = job_pods.wait(cids[0]), job_pods.wait(cids[1])
     assert (m, w) == (0, 0), out[-3000:] + wout[-3000:]
-    ckpt = runs / "checkpoint"
+    ckpt = claim_folder(doc, runs)
     assert [(r["epoch"], r["world_size"]) for r in read_metrics(ckpt)] == [("1", "2")]
     assert os.stat(ckpt / "ckpt.pth").st_uid == 1000
