@@ -316,7 +316,7 @@ def main(argv=None):
     if hvd.rank() != 0:
         return 0
     profile = layer_profile.measure(args.arch, args.batch_size, device=device,
-                                    steps=args.steps or max(2, min(5, int(args.seconds / step_s))))
+                                    steps=5 if args.steps else max(2, min(5, int(args.seconds / step_s))))
     compute_s, backward_s = profile["step_s"], profile["backward_s"]
     where = f"{device.type}, {n} processes on {len(set(hosts))} host(s)"
     span = f"{len(measured)} sizes, {measured[0][0] / 1e3:.0f} KB to {measured[-1][0] / 1e6:.1f} MB"
