@@ -272,14 +272,15 @@ class Database:
 
 
 def connection_lost(e):
-    """Whether `e` (or what caused it) is a database that did not answer or dropped the
-    connection, which a later try may not meet: SQLAlchemy's OperationalError, InterfaceError
-    and DisconnectionError, which Optuna raises as its StorageInternalError."""
+    """Where `e`, or what caused it, is a database that did not answer or dropped the
+    connection, which a later try may not meet (SQLAlchemy's OperationalError, InterfaceError
+    and DisconnectionError, which Optuna raises as its StorageInternalError): that error; else
+    None."""
     while e is not None:
         if type(e).__name__ in ("OperationalError", "InterfaceError", "DisconnectionError"):
-            return True
+            return e
         e = e.__cause__ or e.__context__
-    return False
+    return None
 
 
 def retried(call, seconds=None, say=print):
@@ -291,10 +292,11 @@ def retried(call, seconds=None, say=print):
         try:
             out = call()
         except Exception as e:
-            if not connection_lost(e) or time.monotonic() + wait > deadline:
+            lost = connection_lost(e)
+            if lost is None or time.monotonic() + wait > deadline:
                 raise
             if not said:
-                say(f"search: the study's database does not answer ({_first_line(e)}); trying "
+                say(f"search: the study's database does not answer ({_first_line(lost)}); trying "
                     f"again for up to {RETRY_S:g} s", flush=True)
                 said = True
             time.sleep(wait)
@@ -324,12 +326,13 @@ def retrying_rdb():
                 return retried(lambda: method(self, *a, **kw), getattr(self, "retry_s", None))
             call.__name__, call.__doc__ = method.__name__, method.__doc__
             return call
-        names = [n for n in dir(RDBStorage) if not n.startswith("__")
-                 and callable(getattr(RDBStorage, n)) and n not in ("remove_session",)]
+        # Its public calls, and the private ones Optuna's cache in front of it makes.
+        names = [n for n in dir(RDBStorage) if callable(getattr(RDBStorage, n)) and n.startswith(
+            ("get_", "set_", "create_", "record_", "check_", "delete_"))]
+        names += ["_create_new_trial", "_get_best_trial_id", "_get_stale_trial_ids", "_get_trials",
+                  "_set_trial_param"]
         _retrying["class"] = type("RetryingRDBStorage", (RDBStorage,),
-                                  {n: wrap(getattr(RDBStorage, n)) for n in names
-                                   if n.startswith(("get_", "set_", "create_", "record_",
-                                                    "check_", "delete_", "_get_stale"))})
+                                  {n: wrap(getattr(RDBStorage, n)) for n in names})
     return _retrying["class"]
 
 

@@ -1,5 +1,5 @@
 """The real servers tests start on 127.0.0.1 and stop again: an MLflow tracking server
-(test_tracking.py, test_search.py) and a PostgreSQL server (test_search_db.py)."""
+(test_tracking.py, test_search.py) and a PostgreSQL server (test_study_store.py)."""
 import os
 import pwd
 import shutil
@@ -88,9 +88,13 @@ class PostgresServer:
             skip_or_fail(f"no {PG_USER} user (apt-get install postgresql makes it)")
         self.folder = tempfile.mkdtemp(prefix="pg-test-")
         os.chown(self.folder, user.pw_uid, user.pw_gid)
-        data, log = os.path.join(self.folder, "data"), os.path.join(self.folder, "server.log")
+        data = os.path.join(self.folder, "data")
         self._as_user([os.path.join(self.bin, "initdb"), "-D", data, "-U", PG_USER, "--auth=trust",
                        "--no-sync", "-E", "UTF8"], timeout)
+        self._start(timeout)
+
+    def _start(self, timeout):
+        data, log = os.path.join(self.folder, "data"), os.path.join(self.folder, "server.log")
         options = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off"
         self._as_user([os.path.join(self.bin, "pg_ctl"), "-D", data, "-l", log, "-o", options, "-w",
                        "-t", str(timeout), "start"], timeout + 10)
@@ -99,6 +103,13 @@ class PostgresServer:
         self._as_user([os.path.join(self.bin, "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", PG_USER,
                        name], 60)
         return f"postgresql://{PG_USER}@127.0.0.1:{self.port}/{name}"
+
+    def restart(self, timeout=60):
+        """Stop the server at once (as a crash or a failover does: every connection dropped)
+        and start it again on the same port and data."""
+        data = os.path.join(self.folder, "data")
+        self._as_user([os.path.join(self.bin, "pg_ctl"), "-D", data, "-m", "immediate", "-w", "stop"], timeout)
+        self._start(timeout)
 
     def stop(self):
         if self.folder is None:

@@ -48,6 +48,7 @@ from helpers import (
 from servers import MlflowServer, free_port
 from training.base.errors import UsageError
 
+CANARY = "canary-Tk-41f0"  # a password that must reach no file and no line
 EPOCHS = 3
 SPACE = ["--search", "lr=1e-5,0.05,1e38", "--search", "label-smoothing=0:0.2"]
 RUN_COLS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "world_size")
@@ -83,7 +84,9 @@ def study(data_dir, tmp_path_factory, mlflow_server):
     ck = tmp_path_factory.mktemp("search") / "ck"
     args = [*common_args(data_dir, ck, epochs=EPOCHS), *SPACE, "--trials", 6, "--ranks-per-run", 1,
             "--pruner", "median", "--sampler", "random"]
-    tracked = ["--mlflow", mlflow_server.uri] if mlflow_server else []
+    # The tracking URI carries a password, as a server behind basic authentication needs (this
+    # one ignores it): it is in no file the search wrote and in no line it printed.
+    tracked = ["--mlflow", mlflow_server.uri.replace("://", f"://tracker:{CANARY}@")] if mlflow_server else []
     r = run(search_cmd(2, [*args, *tracked]), timeout=300, env_extra=dict(ONE_THREAD, MLFLOW_EXPERIMENT_NAME="study"))
     return ck, args, r
 
@@ -130,6 +133,10 @@ def test_each_trial_is_an_mlflow_run_under_the_search_ended_as_optuna_ended_it(s
     got = {name: (x.data.tags.get("optuna.state"), x.info.status) for name, x in children.items()}
     assert got == {f"trial-{t.number}": (t.state.name, ended[t.state.name]) for t in trials(ck)}, got
     assert "search.csv" in {f.path for f in client.list_artifacts(parent.info.run_id)}
+    written = [p for folder in (ck, mlflow_server.folder) for p in folder.rglob("*")
+               if p.is_file() and CANARY.encode() in p.read_bytes()]
+    assert written == [] and CANARY not in r.stdout + r.stderr, written
+    assert f"at http://tracker:***@127.0.0.1:{mlflow_server.port}" in r.stdout
 
 
 def test_every_line_of_the_trials_names_its_trial(study):

@@ -5,6 +5,7 @@ a job stopped by SIGTERM and submitted again ends with exactly its trials, none 
 """
 import os
 import re
+import shlex
 import signal
 import threading
 import types
@@ -15,7 +16,6 @@ import pytest
 from helpers import (
     ONE_THREAD,
     PY,
-    assert_ok,
     assert_one_line_error,
     common_args,
     horovod_cmd,
@@ -31,6 +31,7 @@ from sweeps import store
 from training.base.errors import UsageError
 
 SPACE = ["--search", "lr=0.02,0.05", "--search", "label-smoothing=0:0.2", "--ranks-per-run", 1, "--pruner", "none"]
+CANARY = "canary-Pw-7d1e"  # a password that must reach no file and no line
 BEAT = 3  # --heartbeat: a trial silent for 6 s is taken up; a loaded 2-core machine beats within that
 
 
@@ -101,10 +102,26 @@ def test_a_killed_jobs_trial_is_taken_up_by_a_live_job_under_its_number(data_dir
     assert f"study {url}: 3 trials, 3 complete" in out_b
 
 
+def secrets_in(folder, *texts):
+    """The files under `folder`, and the texts, that hold CANARY."""
+    found = [f"{p}" for p in folder.rglob("*") if p.is_file() and CANARY.encode() in p.read_bytes()]
+    return found + [t[max(0, t.find(CANARY) - 200):t.find(CANARY) + 50] for t in texts if CANARY in t]
+
+
 def test_a_stopped_job_submitted_again_ends_with_its_six_trials_none_trained_twice(data_dir, tmp_path, postgres, jobs):
-    url = postgres.database("stopped")
+    # The study's URL carries a password (the server trusts 127.0.0.1 and ignores it), and the
+    # job logs to an MLflow store of its own: the password is in no file the job wrote, its
+    # MLflow store included, and in no line it printed. The resubmitted job sees the database
+    # restart (every connection dropped) in the middle of its trials, and goes on.
+    url = postgres.database("stopped").replace("postgres@", f"postgres:{CANARY}@")
+    shown = url.replace(CANARY, "***")
     ck = tmp_path / "ck"
-    args = [*common_args(data_dir, ck, epochs=2), *SPACE, "--trials", 6, "--storage", url, "--heartbeat", BEAT]
+    tracked = ["--mlflow", f"sqlite:///{tmp_path}/mlflow.db"]
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(tracked[1])  # its artifacts here, not in MLflow's default ./mlruns
+    client.create_experiment("cifar10", artifact_location=str(tmp_path / "artifacts"))
+    args = [*common_args(data_dir, ck, epochs=2), *SPACE, "--trials", 6, "--storage", url, "--heartbeat", BEAT,
+            *tracked]
     job = jobs(horovod_cmd(2, args, script="main_sweep.py"), env_extra=ONE_THREAD)
     wait_until(lambda: any(metrics_rows(ck / f"trial-{n}") for n in range(6)), 120, "a trial's first epoch", job)
     pids = rank_pids("main_sweep.py", str(ck))
@@ -115,7 +132,11 @@ def test_a_stopped_job_submitted_again_ends_with_its_six_trials_none_trained_twi
     first = job.output()
     left = [t.number for t in db_trials(url, ck) if t.state.name == "RUNNING"]
     assert left, first[-3000:]
-    r = assert_ok(run(horovod_cmd(2, args, script="main_sweep.py"), timeout=300, env_extra=ONE_THREAD))
+    again = jobs(horovod_cmd(2, args, script="main_sweep.py"), env_extra=ONE_THREAD)
+    wait_until(lambda: re.search(r"^trial \d+ epoch 1/", again.output(), re.M), 120, "a trial's epoch", again)
+    postgres.restart()
+    assert again.wait(timeout=300) == 0, again.output()[-4000:]
+    r = types.SimpleNamespace(stdout=again.output())
     got = db_trials(url, ck)
     assert [t.number for t in got] == list(range(6)) and {t.state.name for t in got} == {"COMPLETE"}, got
     assert {t.user_attrs["ranks"] for t in got} == {"0", "1"}  # both groups took trials
@@ -124,8 +145,13 @@ def test_a_stopped_job_submitted_again_ends_with_its_six_trials_none_trained_twi
     for n in range(6):
         assert [int(x["epoch"]) for x in read_metrics(ck / f"trial-{n}")] == [1, 2]
         assert sorted(trained(first, n) + trained(r.stdout, n)) == [1, 2], n
-    assert f"study {url}: 6 trials, 6 complete" in r.stdout and f"optuna-dashboard {url}" in r.stdout
+    assert f"study {shown}: 6 trials, 6 complete" in r.stdout and f"optuna-dashboard {shlex.quote(shown)}" in r.stdout
     assert (ck / "search.csv").read_text().count("\n") == 7 and not (ck / "study.journal").exists()
+    parent = next(x for x in client.search_runs([client.get_experiment_by_name("cifar10").experiment_id])
+                  if "mlflow.parentRunId" not in x.data.tags)
+    assert parent.data.params["storage"] == shown
+    assert secrets_in(tmp_path, first, r.stdout) == []
+    assert "the study's database does not answer" in r.stdout and "answers again" in r.stdout
 
 
 def test_a_storage_that_is_not_postgresql_or_does_not_answer_is_one_line(data_dir, tmp_path):
@@ -136,5 +162,5 @@ def test_a_storage_that_is_not_postgresql_or_does_not_answer_is_one_line(data_di
         parse(*base[:-4], "--storage", "postgresql://h/db", port="sweep")
     r = run([PY, "main_sweep.py", *base, "--storage", f"postgresql://someone:secret@127.0.0.1:{free_port()}/study"],
             timeout=120)
-    assert_one_line_error(r, "cannot reach the study's database postgresql://someone@127.0.0.1:", code=1)
+    assert_one_line_error(r, "cannot reach the study's database postgresql://someone:***@127.0.0.1:", code=1)
     assert "secret" not in r.stderr + r.stdout and not (tmp_path / "ck").exists()

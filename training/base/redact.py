@@ -38,6 +38,8 @@ def redacted(value):
     tuples and as a dict's values."""
     if isinstance(value, dict):
         return {k: redacted(v) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+        return type(value)(*(redacted(v) for v in value))
     if isinstance(value, (list, tuple)):
         return type(value)(redacted(v) for v in value)
     return redact(value)

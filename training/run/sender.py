@@ -73,9 +73,18 @@ class Sender:
         self.inbox = queue.SimpleQueue()
         self.made, self.done = threading.Event(), threading.Event()
         self.thread = None
-        self._start()
+        # Its lines go where the run's go (a sweep's run heads each of its lines with its name),
+        # also once the run has returned.
+        self.out, self.err = sys.stdout, sys.stderr
 
-    def _start(self):
+    def say(self, line, error=False):
+        """One line, in one write: the thread's lines may come beside the run's."""
+        stream = self.err if error else self.out
+        stream.write(line + "\n")
+        stream.flush()
+
+    def start(self):
+        """Start the thread (the tracker does, once it holds this sender)."""
         self.done.clear()
         self.thread = threading.Thread(target=self._serve, name="mlflow sender", daemon=True)
         self.thread.start()
@@ -103,23 +112,24 @@ class Sender:
         if self.done.is_set():  # an earlier end was sent: its thread is returning
             self.thread.join()
         if not self.thread.is_alive():
-            self._start()
+            self.start()
         self.inbox.put(("end", (status, list(files), dict(tags))))
         wait_s = finish_wait_s() if wait_s is None else wait_s
         if self.done.wait(wait_s):
-            if status == "FINISHED" and not self.tracker.nests and self.given:
+            alone = not self.tracker.nests and not getattr(self.tracker.args, "mlflow_parent", None)
+            if status == "FINISHED" and alone and self.given:
                 each = self.spent / self.given * 1e3
-                print(f"mlflow: {self.given} epochs logged, {each:.3f} ms an epoch", flush=True)
+                self.say(f"mlflow: {self.given} epochs logged, {each:.3f} ms an epoch")
             elif status == "FINISHED" and self.tracker.nests:
-                print(f"mlflow: the runs are nested under run {self.run_id} at {self.shown}",
-                      flush=True)
+                self.say(f"mlflow: the runs are nested under run {self.run_id} at {self.shown}")
             return True
         left = self.unsent()
         what = (f"epoch {left[0]} was not logged" if len(left) == 1 else
                 f"epochs {span(left)} were not logged" if left else "the run's end was not logged")
-        folder = self.tracker.folder
-        print(f"mlflow: {what}: {self.shown} did not answer within {wait_s:g} s; they are in "
-              f"{folder}/metrics.csv and go at the next resume", file=sys.stderr, flush=True)
+        where = (f"; {'it is' if len(left) == 1 else 'they are'} in {self.tracker.folder}/"
+                 "metrics.csv and go at the next resume" if left else "")
+        self.say(f"mlflow: {what}: {self.shown} did not answer within {wait_s:g} s{where}",
+                 error=True)
         return False
 
     # The thread.
@@ -178,8 +188,8 @@ class Sender:
         self.sent |= {r["epoch"] for r in self.pending}
         if self.failing:
             epochs = [r["epoch"] for r in self.pending]
-            print(f"mlflow: {self.shown} answers again"
-                  + (f"; epochs {span(epochs)} logged" if epochs else ""), flush=True)
+            self.say(f"mlflow: {self.shown} answers again"
+                     + (f"; epochs {span(epochs)} logged" if epochs else ""))
             self.failing = False
         self.pending = []
         return True
@@ -201,7 +211,7 @@ class Sender:
                         "server); logging to a new run")
             self.run_id = None
         if self.why:
-            print(self.why, file=sys.stderr, flush=True)
+            self.say(self.why, error=True)
             self.why = None
         self.run_id = self._create()
         self.verified = self.known = True
@@ -274,6 +284,6 @@ class Sender:
     def _lost(self, error):
         self.known = False  # the failed request may have reached the server
         if not self.failing:
-            print(f"mlflow: {self.shown} does not answer ({short(error)}); training goes on, and "
-                  "its epochs are logged when it answers again", file=sys.stderr, flush=True)
+            self.say(f"mlflow: {self.shown} does not answer ({short(error)}); training goes on, "
+                     "and its epochs are logged when it answers again", error=True)
         self.failing = True

@@ -135,6 +135,7 @@ class Tracker:
         self.status = None  # the status the run was ended with, once it was
         run_id, why = self._run_to_continue(state, parent)
         self.sender = sender.Sender(self, run_id, world_size, history, parent, why)
+        self.sender.start()
         _last["tracker"] = self
         if not _last.get("exit_hook"):  # once a process, at its first tracker
             atexit.register(end_unfinished)
@@ -179,10 +180,10 @@ class Tracker:
         try:
             write_run_file(self.folder, state)
         except Exception as e:  # the checkpoint will name it all the same
-            print(f"mlflow: could not write {os.path.join(self.folder, RUN_FILE)} ({e})",
-                  file=sys.stderr, flush=True)
+            self.sender.say(f"mlflow: could not write {os.path.join(self.folder, RUN_FILE)} ({e})",
+                            error=True)
         if not self.nests:  # main_sweep.py's run says where it is after the job's summary
-            print(f"mlflow: logging to run {run_id} at {self.shown}", flush=True)
+            self.sender.say(f"mlflow: logging to run {run_id} at {self.shown}")
 
     def wait_for_run(self, seconds):
         """The run's id once the server made it, waiting at most `seconds`; None if it did not."""
