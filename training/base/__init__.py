@@ -4,5 +4,6 @@
   safeio   files never seen half-written, and folder locks
   layout   channels_last, and the contiguous views collectives need
   recipe   the training recipes the defaults come from
+  redact   secrets in URIs and flags written as ***
   svgchart line charts written as SVG text (curves.svg, sweep.svg, search.svg)
 """

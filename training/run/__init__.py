@@ -11,6 +11,7 @@ imports only from this package and base/:
   runlog       what a run reports: lines, metrics.csv, TensorBoard, curves.svg
   curves       curves.svg, the run's charts, drawn without a plotting library
   tracking     the run in MLflow (--mlflow), continued across restarts
+  sender       the thread that sends the run's MLflow requests, off the training path
   phases       the step's phases timed (--profile-steps)
   divergence   the guard that stops a run whose numbers stop being finite
   launch       a process's rank before init, stop signals, one-line exits

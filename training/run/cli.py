@@ -112,8 +112,10 @@ def build_parser(doc):
            "pytorch-cifar checkpoints are accepted too")
     a("--mlflow", default=None, metavar="URI",
       help="also log the run to MLflow at URI (a server's http://HOST:PORT, a folder, "
-           "sqlite:///FILE): flags, each epoch's metrics.csv row, curves.svg; a resumed run "
-           "continues its MLflow run (default: MLFLOW_TRACKING_URI where set; needs "
+           "sqlite:///FILE), from a thread of its own: flags, each epoch's metrics.csv row, "
+           "curves.svg; a restarted run continues its MLflow run; a server that does not "
+           "answer stops no training; credentials from MLFLOW_TRACKING_USERNAME/PASSWORD or "
+           "_TOKEN (default: MLFLOW_TRACKING_URI where set; needs "
            f"{tracking.INSTALL})")
     a("--mlflow-log-model", action="store_true", help="with MLflow, also log best.pth at the end")
     a("--mlflow-parent", default=None, help=argparse.SUPPRESS)  # main_sweep.py's parent run
