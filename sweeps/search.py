@@ -102,7 +102,7 @@ def run(main, args, argv):
         return None
 
     groups.run_job(per_run, lambda: open_study(args),
-                   lambda index, held: Study(args, index, held), train, failure)
+                   lambda index, opened: Study(args, index, opened), train, failure)
 
 
 def check_search(args, argv, processes):
@@ -154,10 +154,10 @@ def quiet_optuna():
 
 
 def open_study(args):
-    """World rank 0, before any work: refuse a study that cannot be read or is of another search
-    space (nothing written), hold it for this job where the store needs that (store.py), create
-    the study or load it, and note the trials left running. Returns the number of trials the
-    study held."""
+    """World rank 0, before any work: refuse a study that cannot be read, is of another search
+    space or (in a database) keeps another --heartbeat (nothing written), hold it for this job
+    where the store needs that (store.py), create the study or load it, and note the trials left
+    running. Returns (the number of trials the study held, how many jobs had opened it)."""
     import optuna
     quiet_optuna()
     kept = store.store_of(args)
@@ -167,24 +167,37 @@ def open_study(args):
         raise UsageError(f"{kept.where} is a study of another search space "
                          f"({space_text(saved.get('space', []))}); give those --search "
                          "flags to continue it, or another --checkpoint-dir for a new study")
+    beat = saved.get("heartbeat") if saved is not None and args.storage else None
+    if beat is not None and beat != args.heartbeat:
+        raise UsageError(f"the study at {kept.where} has its trials' heartbeat every {beat} s, "
+                         f"not {args.heartbeat}: give --heartbeat {beat} (with another, a job "
+                         "would take trials that are alive, or wait too long for lost ones)")
     kept.hold()
     with launch.stops_held():
         study = optuna.create_study(study_name=kept.name, storage=kept.storage(),
                                     direction="maximize", load_if_exists=True)
         if "space" not in study.user_attrs:
             study.set_user_attr("space", record)
+        if args.storage and "heartbeat" not in study.user_attrs:
+            study.set_user_attr("heartbeat", args.heartbeat)
+        with kept.taking():  # the jobs that opened the study: each draws trials of its own
+            job = study.user_attrs.get("jobs", 0)
+            study.set_user_attr("jobs", job + 1)
     trials = study.get_trials(deepcopy=False)
     kept.opened(trials)
-    return len(trials)
+    return len(trials), job
 
 
-def sampler(args, group_index, held):
-    """The group's sampler, seeded by --seed, the group and the trials the study held when the
-    job started: two groups never draw the same values, and a resumed study draws new ones.
+def sampler(args, group_index, opened):
+    """The group's sampler, seeded by --seed, the group, the trials the study held when the job
+    started and how many jobs had opened it before (open_study's `opened`): two groups never draw
+    the same values, and neither do a resumed study or two jobs that open one study at once.
     TPE draws its first trials at random (a quarter of --trials, 2 to 10)."""
     import numpy as np
     import optuna
-    seed = int(np.random.SeedSequence([args.seed, group_index, held]).generate_state(1)[0])
+    held, job = opened
+    parts = [args.seed, group_index, held] + ([job] if job else [])  # the first job as before
+    seed = int(np.random.SeedSequence(parts).generate_state(1)[0])
     if args.sampler == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     return optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(2, min(10, args.trials // 4)))
@@ -218,13 +231,13 @@ class Study:
     """The study as a group's rank 0 sees it: which trial the group takes next, and what the
     study is told after each epoch."""
 
-    def __init__(self, args, group_index, held):
+    def __init__(self, args, group_index, opened):
         import optuna
         quiet_optuna()
         store.quiet_heartbeat_warning()
         self.args, self.store = args, store.store_of(args)
         self.study = optuna.load_study(study_name=self.store.name, storage=self.store.storage(),
-                                       sampler=sampler(args, group_index, held),
+                                       sampler=sampler(args, group_index, opened),
                                        pruner=pruner(args))
 
     def live(self, number):

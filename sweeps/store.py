@@ -185,7 +185,7 @@ class Database:
         self.dashboard = ["optuna-dashboard", self.where]
         self.folder = os.path.abspath(args.checkpoint_dir)
         self.name = f"search {self.folder}"  # a database holds a study for each folder
-        self._engine = None
+        self._engine = self._held = None
 
     def storage(self, retry_s=None):
         """Optuna's RDBStorage of the study, each call retried for retry_s (RETRY_S)."""
@@ -232,15 +232,25 @@ class Database:
         with retried(self._engine.begin) as c:
             c.execute(sqlalchemy.text("SELECT pg_advisory_xact_lock(:key)"),
                       {"key": _lock_key(self.folder)})
-            yield
+            self._held = c
+            try:
+                yield
+            finally:
+                self._held = None
 
     def left(self, study):
-        """Under `taking`: the first trial whose heartbeat went stale, now this group's."""
-        stale = study._storage._get_stale_trial_ids(study._study_id)  # Optuna has no public call
-        if not stale:
-            return None
-        trials = study.get_trials(deepcopy=False)
-        return min(t.number for t in trials if t._trial_id in stale)
+        """Under `taking`: the first trial that lost its group, now this group's: one whose
+        heartbeat went stale, or one asked for and never claimed (its process died in between;
+        under the lock, every live group records a trial's first heartbeat before it lets go,
+        so a running trial with none has no group)."""
+        from optuna.trial import TrialState
+        import sqlalchemy
+        stale = set(study._storage._get_stale_trial_ids(study._study_id))  # no public call
+        beating = {row[0] for row in self._held.execute(
+            sqlalchemy.text("SELECT trial_id FROM trial_heartbeats"))}  # Optuna's own table
+        running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+        return min((t.number for t in running if t._trial_id in stale
+                    or t._trial_id not in beating), default=None)
 
     def claim(self, study, trial_id):
         """A trial just taken: its heartbeat now, before another group could find it stale."""

@@ -16,6 +16,7 @@ import pytest
 from helpers import (
     ONE_THREAD,
     PY,
+    assert_ok,
     assert_one_line_error,
     common_args,
     horovod_cmd,
@@ -27,7 +28,7 @@ from helpers import (
     wait_until,
 )
 from servers import PostgresServer, free_port
-from sweeps import store
+from sweeps import search, store
 from training.base.errors import UsageError
 
 SPACE = ["--search", "lr=0.02,0.05", "--search", "label-smoothing=0:0.2", "--ranks-per-run", 1, "--pruner", "none"]
@@ -100,6 +101,20 @@ def test_a_killed_jobs_trial_is_taken_up_by_a_live_job_under_its_number(data_dir
         assert [int(r["epoch"]) for r in read_metrics(ck / f"trial-{t.number}")] == [1, 2, 3]
         assert sorted(trained(out_a, t.number) + trained(out_b, t.number)) == [1, 2, 3], t.number
     assert f"study {url}: 3 trials, 3 complete" in out_b
+    # A trial asked for whose process died before it claimed it (no heartbeat at all): the next
+    # job takes it up.
+    import optuna
+    study = optuna.load_study(study_name=f"search {os.path.abspath(ck)}", storage=url)
+    study.ask(search.distributions(parse(*args, port="sweep").search))
+    more = [*args[:args.index("--trials") + 1], 4, *args[args.index("--trials") + 2:]]
+    r = assert_ok(run(horovod_cmd(1, more, script="main_sweep.py"), timeout=120, env_extra=ONE_THREAD))
+    assert re.search(r"^trial 3 resumes", r.stdout, re.M), r.stdout[-2000:]
+    assert [t.state.name for t in db_trials(url, ck)] == ["COMPLETE"] * 4
+    # A job with another --heartbeat would find live trials stale, or wait too long for lost ones.
+    other = [*args[:-1], BEAT + 2]
+    r = run(horovod_cmd(1, other, script="main_sweep.py"), timeout=120, env_extra=ONE_THREAD)
+    assert_one_line_error(r, f"has its trials' heartbeat every {BEAT} s, not {BEAT + 2}: give --heartbeat {BEAT}",
+                          code=2)
 
 
 def secrets_in(folder, *texts):
