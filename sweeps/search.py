@@ -40,6 +40,15 @@ def trial_folder(args, number):
     return os.path.join(args.checkpoint_dir, f"trial-{number}")
 
 
+def keep_aside(folder):
+    """A new trial's folder that exists already belongs to a trial the study no longer holds (a
+    study file restored from its copy): moved aside, so that the new trial does not resume it."""
+    if os.path.exists(folder):
+        aside = f"{folder}.{time.strftime('%Y%m%d-%H%M%S')}"
+        os.replace(folder, aside)
+        print(f"{folder} held a trial the study no longer has: moved to {aside}", flush=True)
+
+
 def trial_values(space, params):
     """[(flag, value as the command line gives it)] of a trial's parameters: floats in full
     (repr), so that the trial's flags give its values bit for bit."""
@@ -262,6 +271,7 @@ class Study:
                     trial = self.live(left)
                 elif len(self.study.get_trials(deepcopy=False)) < self.args.trials:
                     trial = self.study.ask(distributions(self.args.search))
+                    keep_aside(trial_folder(self.args, trial.number))
                     trial.set_user_attr("folder", trial_folder(self.args, trial.number))
                 elif (wait := self.store.wait_s(self.study)) is None:
                     return None

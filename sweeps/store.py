@@ -107,6 +107,9 @@ class Journal:
         import optuna
         if not os.path.isfile(self.path):
             return None
+        holder = safeio.holder_of(os.path.join(self.folder, HOLDER))
+        if holder is not None:  # read only once no job appends to it
+            raise self._in_use(holder)
         try:
             check_journal(self.path)
             names = optuna.get_all_study_names(self.storage())
@@ -132,15 +135,18 @@ class Journal:
             raise TrainerError(f"{e}; or keep the study in a database, which needs none: "
                                "--storage postgresql://USER@HOST/DB") from None
         if holder is not None:
-            raise UsageError(f"the study {self.path} is in use by another job "
-                             f"({holder or 'starting'}); wait for it to end, or choose another "
-                             "--checkpoint-dir")
+            raise self._in_use(holder)
         with contextlib.suppress(FileNotFoundError):  # Optuna's, left by a process that died
             os.remove(self.path + JOURNAL_LOCK)
         if os.path.isfile(self.path):  # read whole by `saved`: kept aside as it is
             with open(self.path, "rb") as f:
                 kept = f.read()
             safeio.atomic_write(self.path + COPY, lambda f: f.write(kept))
+
+    def _in_use(self, holder):
+        return UsageError(f"the study {self.path} is in use by another job "
+                          f"({holder or 'starting'}); wait for it to end, or choose another "
+                          "--checkpoint-dir")
 
     def opened(self, trials):
         """World rank 0, the study open: the trials left running are an earlier job's."""

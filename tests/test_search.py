@@ -321,3 +321,18 @@ def test_a_trials_flags_and_the_command_alone_hold_its_values_bit_for_bit():
     assert search.alone_argv(args, job, values, "alone") == [
         "--epochs", "3", "--lr=0.30000000000000004", "--arch=vgg11", "--checkpoint-dir", "alone"]
     assert search.space_text(search.space_record(args.search)) == "--search lr=log:0.01:1 --search arch=lenet,vgg11"
+
+
+def test_a_new_trials_folder_left_by_a_trial_the_study_forgot_is_moved_aside(tmp_path, capsys):
+    # A study file restored from its copy hands out a number again; that trial's folder is kept,
+    # moved aside, so that the new trial starts afresh instead of resuming another's checkpoint.
+    from sweeps import search
+    old = tmp_path / "trial-3"
+    old.mkdir()
+    (old / "ckpt.pth").write_bytes(b"x")
+    search.keep_aside(str(old))
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("trial-3.")]
+    assert not old.exists() and len(aside) == 1 and (aside[0] / "ckpt.pth").read_bytes() == b"x"
+    assert f"moved to {aside[0]}" in capsys.readouterr().out
+    search.keep_aside(str(tmp_path / "trial-4"))  # a folder not there: nothing to do
+    assert sorted(p.name for p in tmp_path.iterdir()) == [aside[0].name]
