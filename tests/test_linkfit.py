@@ -88,6 +88,12 @@ def test_sizes_too_small_to_show_the_link_give_no_rate_but_a_reason():
     got = linkfit.fit(n, points)
     assert got["bandwidth_bps"] is None and "too small to show the link" in got["reason"], got
     assert got["at_least_bps"] > 0 and allreduce.fit_line(n, points)[1] is None
+    # Recorded (ms, each size's median) at 2 processes over 100 Mbit/s links on a loaded host:
+    # the largest size took less than its bytes need at the rate (15.4 ms of 21 ms), and the
+    # slope from the smallest size read 160 Mbit/s.
+    ms = [4.97, 7.14, 3.19, 8.91, 9.57, 4.23, 4.76, 4.28, 10.24, 3.53, 7.21, 7.74, 15.44]
+    got = linkfit.fit(n, [(b, t / 1e3) for b, t in zip(linkfit.sizes(LENET_BYTES), ms)])
+    assert got["bandwidth_bps"] is None and "too small to show the link" in got["reason"], got
     # Every size at the latency: nothing on the wire.
     flat = [(b, lat) for b in linkfit.sizes(LENET_BYTES)]
     assert linkfit.fit(n, flat)["bandwidth_bps"] is None

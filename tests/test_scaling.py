@@ -22,6 +22,9 @@ RATE_MBIT = 50
 # The probe's links: slow enough that the token bucket's burst (16 KB, the least the script
 # gives) is under a tenth of what LeNet's largest allreduce sends over a link.
 PROBE_MBIT = 10
+# The share of a link's rate that carries a TCP stream's bytes: the token bucket counts whole
+# frames, 1534 bytes (Ethernet, IP and TCP headers with timestamps) for each 1448 of payload.
+PAYLOAD_SHARE = 1448 / 1534
 SERVER = """
 import socket, sys, time
 s = socket.socket()
@@ -75,9 +78,10 @@ def test_a_shaped_link_carries_its_rate_and_down_removes_it(tmp_path):
 def test_the_allreduce_probe_measures_the_shaped_rate(tmp_path):
     # The probe under horovodrun --gloo, two ranks on each of two hosts whose links carry 10
     # Mbit/s: the bandwidth its flat ring (gloo's ring: Open MPI's allreduce under mpirun picks
-    # other algorithms) fits is within 15% of that, inside the range its sizes give, and it
-    # predicts an efficiency for each flag set, saying as it goes which phase it is in. Two
-    # processes a host also make a node's ring and the hierarchical allreduce.
+    # other algorithms) fits is within 15% of what they carry of a TCP stream's bytes, inside the
+    # range its sizes give, and it predicts an efficiency for each flag set, saying as it goes
+    # which phase it is in. Two processes a host also make a node's ring and the hierarchical
+    # allreduce.
     c = shaped_cluster(tmp_path, "p")
     try:
         c.up(2, "--slots", 2, "--rate", f"{PROBE_MBIT}mbit")
@@ -89,11 +93,12 @@ def test_the_allreduce_probe_measures_the_shaped_rate(tmp_path):
         r = assert_ok(run(cmd, env_extra=dict(c.env, OMP_NUM_THREADS="1", PYTHONPATH=ROOT), timeout=300))
         said = json.loads(out.read_text())
         assert said["n"] == 4 and said["arch"] == "lenet" and len(said["measured"]) >= 8
-        assert 0.85 * PROBE_MBIT < said["bandwidth_bps"] / 1e6 < 1.15 * PROBE_MBIT, (said, r.stdout)
+        payload_mbit = PAYLOAD_SHARE * PROBE_MBIT
+        assert 0.85 * payload_mbit < said["bandwidth_bps"] / 1e6 < 1.15 * payload_mbit, (said, r.stdout)
         low, high = said["bandwidth_range_bps"]
         assert low <= said["bandwidth_bps"] <= high and said["bandwidth_sizes"] >= 3, said
         assert said["bandwidth_reason"] is None and len(said["step_times_s"]) >= 3
-        phases = [ln for ln in r.stdout.splitlines() if ln.startswith("probe [")]
+        phases = [ln for ln in r.stdout.splitlines() if "probe [" in ln]  # horovodrun prefixes a rank
         assert len(phases) >= 5 and "allreduce at" in phases[0] and "done" in phases[-1], r.stdout
         assert set(said["predicted_efficiency"]) == {"default", "--fp16-allreduce", "--batches-per-allreduce 4",
                                                       "fusion off (HOROVOD_FUSION_THRESHOLD=0)",
