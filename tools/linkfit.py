@@ -12,7 +12,7 @@ show the link, and the fit says so instead of giving a rate.
 import math
 import statistics
 
-WIRE = 2.0  # a size shows the link where it takes at least this many times the smallest sizes' time
+WIRE = 2.0  # a size shows the link where it takes at least this many times the fastest size's time
 MIN_SIZES = 3  # sizes the wire must dominate for a rate: three pairs of slopes
 BURST = 2.0  # a smallest size whose slope to the next is this many times the rest's rate passed in a burst
 DISAGREE = 0.15  # relative gap between the smaller and the larger half's rates that is reported
@@ -60,8 +60,7 @@ def fit(n, points):
     line where the smaller and larger sizes disagree, else None)."""
     per_bit = 2 * (n - 1) / n * 8
     pts = sorted((b * per_bit, statistics.median(s) if isinstance(s, (list, tuple)) else s) for b, s in points)
-    # A message's latency: the smallest sizes' middle time (one of them slowed by the host does not count).
-    floor = statistics.median(t for _, t in pts[:3])
+    floor = min(t for _, t in pts)
     wire = []
     for x, t in reversed(pts):
         if t < WIRE * floor:
@@ -74,10 +73,10 @@ def fit(n, points):
         if not rest or x1 - x0 <= BURST * rest * (t1 - t0):
             break
         wire.pop(0)
-    out = dict(latency_s=min(t for _, t in pts), bandwidth_bps=None, range_bps=None, sizes=len(wire),
+    out = dict(latency_s=floor, bandwidth_bps=None, range_bps=None, sizes=len(wire),
                at_least_bps=pts[-1][0] / pts[-1][1], reason=None, note=None)
     if len(wire) < MIN_SIZES:
-        out["reason"] = (f"only {len(wire)} size(s) took {WIRE:g} times the smallest sizes' time or more, past a "
+        out["reason"] = (f"only {len(wire)} size(s) took {WIRE:g} times the fastest size's time or more, past a "
                          f"burst: the largest message ({pts[-1][0] / per_bit / 1e6:.2f} MB) is too small to show the "
                          "link (its time is mostly latency, or it passed in a burst)")
         return out
