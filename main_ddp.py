@@ -47,7 +47,8 @@ def main(argv=None):
     scaler = utils.make_scaler(args, device, start["scaler"])
     schedule = utils.make_schedule(args, start["schedule"], world.lr_scale)
     # DDP: gradients averaged during backward; the wrapper, not the model, compiled (--compile).
-    train_model = utils.training_model(args, model, optimizer, world, wrap=distributed_model)
+    train_model = utils.training_model(args, model, optimizer, world,
+                                       wrap=process_group.distributed_model)
 
     if args.evaluate:
         test = utils.evaluate(train_model, test_loader, args, world)
@@ -73,16 +74,6 @@ def main(argv=None):
             log.write()  # metrics.csv after the checkpoint that holds its rows
     log.close()
     return model, log.history
-
-
-# DDP: the wrapper, in a function that tests share.
-def distributed_model(model):
-    """BatchNorm running statistics each rank's own through an epoch, as under Horovod, until
-    the loop averages them (process_group.buffers_unsynced). Every
-    parameter that requires a gradient gets one in every step, so DDP need not search for
-    unused ones (find_unused_parameters costs a graph walk)."""
-    return torch.nn.parallel.DistributedDataParallel(
-        model, gradient_as_bucket_view=True, **process_group.buffers_unsynced())
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ import sys
 
 import horovod.torch as hvd
 
-from main_horovod import distributed_optimizer
 from training.base import layout
 from training.base.errors import TrainerError, UsageError
 from training.ports import hvd_port
@@ -46,7 +45,7 @@ def main(argv=None):
     model = utils.build_model(args, device)
     if args.sync_bn:
         model = hvd_port.replace_batchnorm(model, hvd.SyncBatchNorm)
-    optimizer = distributed_optimizer(args, model, utils.make_optimizer(model, args))
+    optimizer = hvd_port.distributed_optimizer(args, model, utils.make_optimizer(model, args))
     start, error = first_start(args, model, optimizer)
     scaler = utils.make_scaler(args, device, start["scaler"])
     schedule = utils.make_schedule(args, start["schedule"])  # scaled in each world

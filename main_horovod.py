@@ -42,7 +42,8 @@ def main(argv=None):
     # Horovod: BatchNorm over the global batch (--sync-bn); gradients averaged (grad_path's way);
     # rank 0 restores and broadcasts where to start, the optimizer state if any, the weights.
     model = hvd_port.replace_batchnorm(model, hvd.SyncBatchNorm) if args.sync_bn else model
-    optimizer = distributed_optimizer(args, model, utils.make_optimizer(model, args), world)
+    optimizer = hvd_port.distributed_optimizer(args, model, utils.make_optimizer(model, args),
+                                               world.grad_path)
     start = checkpoints.restore(args, model, optimizer) if reports else None
     start = hvd.broadcast_object(start, name="start")
     if start["optimizer_state"]:
@@ -76,19 +77,6 @@ def main(argv=None):
             log.write()  # metrics.csv after the checkpoint that holds its rows
     log.close()
     return model, log.history
-
-
-# Horovod: gradients averaged per step (Adasum's limits checked), from backward's hooks or in one
-# allreduce after it (path one), as contiguous views; give back the fused step's flag it drops.
-def distributed_optimizer(args, model, optimizer, world=utils.World()):
-    hvd_port.check_adasum(args)
-    wrapped = (hvd_port.OneAllreduce if world.grad_path == "one" else hvd.DistributedOptimizer)(
-        optimizer, named_parameters=model.named_parameters(), groups=args.allreduce_groups,
-        compression=hvd_port.compression(args.fp16_allreduce),
-        backward_passes_per_step=args.batches_per_allreduce,
-        op=hvd.Adasum if args.use_adasum else hvd.Average)
-    wrapped._step_supports_amp_scaling = optimizer._step_supports_amp_scaling
-    return wrapped
 
 
 if __name__ == "__main__":

@@ -14,8 +14,9 @@ first node of the backward sleeps the whole backward pass and every gradient com
 once, or, compiled "regions" (--grad-allreduce regions), each block's when that block ends;
 DDP's compiled wrapper is one graph per bucket, whose gradients come together. The
 optimizer (`SleepingOptimizer`) sleeps the step's time. Nothing else is replaced: Horovod's
-DistributedOptimizer from main_horovod.py with its hooks, cycles and fusion, or
-DistributedDataParallel from main_ddp.py with its buckets, over gloo, and the engine's
+DistributedOptimizer as main_horovod.py wraps it (hvd_port.wrap_optimizer) with its hooks, cycles
+and fusion, or DistributedDataParallel as main_ddp.py wraps it (process_group.distributed_model)
+with its buckets, over gloo, and the engine's
 optimizer_step. A `hierarchical` case (Horovod, compiled) stands for
 HOROVOD_HIERARCHICAL_ALLREDUCE, which gloo lacks: after the backward pass every gradient goes in
 one flat buffer, as the compiled backward's one fused message, summed by the steps of the
@@ -42,7 +43,6 @@ import socket
 import statistics
 import sys
 import time
-import types
 
 import torch
 
@@ -274,12 +274,11 @@ class Port:
         if case.get("hierarchical"):
             return model, Composed(optimizer, self.hvd, self.sets, dilation)
         if self.name == "horovod":
-            import main_horovod
-            args = types.SimpleNamespace(fp16_allreduce=case["fp16"], allreduce_groups=None,
-                                         batches_per_allreduce=case["k"], use_adasum=False)
-            return model, main_horovod.distributed_optimizer(args, model, optimizer)
-        import main_ddp
-        return main_ddp.distributed_model(model), optimizer
+            from training.ports import hvd_port
+            return model, hvd_port.wrap_optimizer(model, optimizer, fp16=case["fp16"],
+                                                  batches=case["k"])
+        from training.ports import process_group
+        return process_group.distributed_model(model), optimizer
 
     def wait_asleep(self, optimizer, dilation):
         """Horovod: wait for the step's allreduces asleep, polling, before synchronize() does.

@@ -5,7 +5,7 @@
     horovodrun -np 2 --gloo python tests/probes/every_model.py horovod-one [NAME ...]
 
 One process group for the whole registry: each model is wrapped as its trainer wraps it
-(main_ddp.distributed_model, main_horovod.distributed_optimizer, with the weights' broadcast
+(process_group.distributed_model, hvd_port.distributed_optimizer, with the weights' broadcast
 of a fresh Horovod run), takes SGD steps (two under DDP, one under Horovod) on this rank's
 own random batch of 2, and then every rank compares a checksum of each weight with rank 0's.
 Rank 0 prints `NAME ok` for a model whose every parameter but those listed in STILL got a
@@ -41,7 +41,6 @@ def setup():
     if PORT == "ddp":
         import torch.distributed as dist
 
-        import main_ddp
         from training.ports import process_group
         process_group.join_job(torch.device("cpu"))
 
@@ -49,15 +48,15 @@ def setup():
             out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
             dist.all_gather(out, t)
             return torch.stack(out)
-        return dist.get_rank(), lambda args, m, opt: (main_ddp.distributed_model(m), opt), gather
+        return dist.get_rank(), lambda args, m, opt: (process_group.distributed_model(m), opt), gather
     import horovod.torch as hvd
 
-    import main_horovod
+    from training.ports import hvd_port
     hvd.init()
     world = utils.World(grad_path="one" if PORT == "horovod-one" else "hooks")
 
     def wrap(args, model, optimizer):
-        optimizer = main_horovod.distributed_optimizer(args, model, optimizer, world)
+        optimizer = hvd_port.distributed_optimizer(args, model, optimizer, world.grad_path)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # a fresh optimizer: no state to send
         return model, optimizer
     return hvd.rank(), wrap, lambda t: hvd.allgather(t.unsqueeze(0), name="checksums")

@@ -1,4 +1,4 @@
-"""Three fp16 AMP steps of LeNet through main_horovod.distributed_optimizer at np=1, on the CPU.
+"""Three fp16 AMP steps of LeNet through hvd_port.distributed_optimizer at np=1, on the CPU.
 
     HOROVOD_ELASTIC=1 python tests/probes/fp16_steps.py
 
@@ -14,7 +14,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 import horovod.torch as hvd  # noqa: E402
 import torch  # noqa: E402
 
-import main_horovod  # noqa: E402
+from training.ports import hvd_port  # noqa: E402
 from training.run import cli  # noqa: E402
 import utils  # noqa: E402
 
@@ -22,7 +22,7 @@ hvd.init()
 args = cli.parse_args(cli.add_horovod_args(cli.build_parser("")),
                       ["--arch", "lenet", "--amp", "--amp-dtype", "float16"])
 model = utils.build_model(args, torch.device("cpu"))
-optimizer = main_horovod.distributed_optimizer(args, model, utils.make_optimizer(model, args))
+optimizer = hvd_port.distributed_optimizer(args, model, utils.make_optimizer(model, args))
 scaler = utils.make_scaler(args, torch.device("cpu"))
 for group in optimizer.param_groups:
     group["lr"] = 0.1  # make_optimizer leaves it to the schedule

@@ -188,6 +188,30 @@ class _OneAllreduce:
         return super(self.__class__, self).step(closure)
 
 
+def distributed_optimizer(args, model, optimizer, grad_path="hooks"):
+    """The Horovod port's optimizer: Adasum's limits checked (check_adasum), then
+    wrap_optimizer with the flags' settings."""
+    check_adasum(args)
+    return wrap_optimizer(model, optimizer, fp16=args.fp16_allreduce, groups=args.allreduce_groups,
+                          batches=args.batches_per_allreduce, adasum=args.use_adasum,
+                          grad_path=grad_path)
+
+
+def wrap_optimizer(model, optimizer, fp16=False, groups=None, batches=1, adasum=False,
+                   grad_path="hooks"):
+    """`optimizer` with its gradients averaged over the ranks (Adasum where asked) every
+    `batches` backward passes: from backward's hooks (hvd.DistributedOptimizer), or in one
+    allreduce after it (grad_path "one": OneAllreduce), as contiguous views. The fused step's
+    flag, which the wrapper drops, is given back, so that GradScaler reads nothing per step."""
+    import horovod.torch as hvd
+    wrapper = OneAllreduce if grad_path == "one" else hvd.DistributedOptimizer
+    wrapped = wrapper(optimizer, named_parameters=model.named_parameters(), groups=groups,
+                      compression=compression(fp16), backward_passes_per_step=batches,
+                      op=hvd.Adasum if adasum else hvd.Average)
+    wrapped._step_supports_amp_scaling = optimizer._step_supports_amp_scaling
+    return wrapped
+
+
 def OneAllreduce(optimizer, named_parameters, compression, op, groups=None,
                  backward_passes_per_step=1):
     """`optimizer` with hvd.DistributedOptimizer's face (synchronize, skip_synchronize, step) and

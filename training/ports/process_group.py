@@ -45,6 +45,15 @@ def leave_job():
 
 
 
+def distributed_model(model):
+    """The DDP port's model: DistributedDataParallel, BatchNorm's running statistics each rank's
+    own through an epoch, as under Horovod, until the loop averages them (buffers_unsynced).
+    Every parameter that requires a gradient gets one in every step, so DDP need not search for
+    unused ones (find_unused_parameters costs a graph walk)."""
+    return torch.nn.parallel.DistributedDataParallel(
+        model, gradient_as_bucket_view=True, **buffers_unsynced())
+
+
 def buffers_unsynced():
     """DistributedDataParallel's keyword that leaves BatchNorm's running statistics to each rank
     between the loop's averages (utils.average_batchnorm), as under Horovod, instead of
