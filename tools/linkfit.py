@@ -5,9 +5,10 @@ The bandwidth is read only from the sizes where the wire dominates: the largest 
 the first whose time is under twice the fastest size's. Over those it is the median of the
 slopes between every pair of sizes (Theil-Sen), so no one size sets it: a slow largest size,
 one slow small size and a token bucket's burst (small messages passed at once, the larger ones
-paced) each move only some pairs. The interquartile range of the pairs' slopes is reported as
-a range of bandwidths. With fewer than three such sizes the largest message is too small to
-show the link, and the fit says so instead of giving a rate.
+paced) each move only some pairs; the smallest of those sizes is left out while its slope to
+the next is over twice the others' rate (it passed partly in a burst). The interquartile range
+of the pairs' slopes is reported as a range of bandwidths. With fewer than three such sizes the
+largest message is too small to show the link, and the fit says so instead of giving a rate.
 """
 import math
 import statistics
