@@ -65,6 +65,7 @@ from benchmarks.figures import (
     search_best_acc_minus_grid,
     search_wall_time_vs_grid,
     sweep_wall_time,
+    tracking_stall_hung_server,
     tree_allreduce_error,
 )
 from benchmarks.gpu import results_section
@@ -75,7 +76,8 @@ from training.run import devices
 FIGURES = [loader_speedup, horovod_np1_overhead, horovod_hook_overhead_ms, scaling_efficiency_np2,
            ddp_scaling_efficiency_np2, horovod_vs_ddp_np2, horovod_idle_threads_gain, allreduce_overlap_np2,
            horovod_compiled_overlap_window_ratio, layout_design_cost, sweep_wall_time,
-           search_wall_time_vs_grid, search_best_acc_minus_grid, mlflow_overhead_per_epoch, emulator_vs_real_error,
+           search_wall_time_vs_grid, search_best_acc_minus_grid, mlflow_overhead_per_epoch, tracking_stall_hung_server,
+           emulator_vs_real_error,
            scaling_model_heldout_error, probe_vs_emulator_error, hierarchical_allreduce_error,
            tree_allreduce_error, horovod_compiled_over_ddp_cluster_100g,
            horovod_compiled_over_ddp_cluster_400g, real_data_accuracy]
