@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from helpers import ONE_THREAD, PY, assert_ok, run
+from helpers import PY, assert_ok, run
 from tools import allreduce, layer_profile, predict, scaling_model
 
 
@@ -157,32 +157,6 @@ def test_the_spread_fit_recovers_a_known_stretch():
     assert allreduce.fit_spread(rings[:1]) is None
     assert allreduce.ring_units(["a", "a", "b", "b"]) == [[0, 1], [2, 3]]
     assert allreduce.ring_units(["a"] * 3) == [[0], [1], [2]]
-
-
-def test_the_probe_at_np4_feeds_the_prediction(tmp_path):
-    # mpirun -np 4 on this host: LeNet's largest message (0.25 MB) crosses loopback in a fraction
-    # of a message's latency, so the probe gives no bandwidth and says why (and so no spread over
-    # its rings of 2 and 4); it times its steps and a request, and tools.predict reads all of it,
-    # the link given with --link-gbps, and refuses in one line without it.
-    out = tmp_path / "probe.json"
-    cmd = ["mpirun", "-np", "4", "--oversubscribe", "--bind-to", "none", "-x", "PATH", "-x", "OMP_NUM_THREADS",
-           PY, "-m", "tools.allreduce", "--arch", "lenet", "--batch-size", "8", "--steps", "6", "--repeats", "2",
-           "--json", str(out)]
-    r = assert_ok(run(cmd, timeout=300, env_extra=ONE_THREAD))
-    said = json.loads(out.read_text())
-    assert said["bandwidth_bps"] is None and "too small to show the link" in said["bandwidth_reason"], r.stdout
-    assert said["rings"] == [] and said["spread"] is None and said["predicted_efficiency"] == {}, r.stdout
-    assert "probe [" in r.stdout and "the rings of 2 processes" in r.stdout and "no bandwidth: " in r.stdout
-    assert len(said["step_times_s"]) == 6 and said["request_s"] >= 0 and said["backward_alone_s"] > 0
-    common = [PY, "-m", "tools.predict", "--from", str(out), "--nodes", "2", "--gpus-per-node", "4"]
-    refused = run(common)
-    assert refused.returncode == 2 and "holds no bandwidth (only " in refused.stderr, refused.stderr
-    p = assert_ok(run([*common, "--link-gbps", "1"]))
-    lines = p.stdout.splitlines()
-    names = ["compute", "allreduce not hidden", "Horovod's cycle", "ring's growth with N", "host work per request",
-             "wait for the slowest of N", "compute slowed beside the allreduce", "step"]
-    assert [ln.split("  ")[1].strip() for ln in lines[1:9]] == names, p.stdout
-    assert "from " + str(out) in lines[0] and "note: the probe ran on one host" in p.stdout
 
 
 def test_without_a_probe_the_emulators_constants_stand_in_and_say_so():

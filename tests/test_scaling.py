@@ -78,7 +78,7 @@ def test_a_shaped_link_carries_its_rate_and_down_removes_it(tmp_path):
 def test_the_allreduce_probe_measures_the_shaped_rate(tmp_path):
     # The probe under horovodrun --gloo, two ranks on each of two hosts whose links carry 10
     # Mbit/s: the bandwidth its flat ring (gloo's ring: Open MPI's allreduce under mpirun picks
-    # other algorithms) fits is within 15% of what they carry of a TCP stream's bytes, inside the
+    # other algorithms) fits is within 20% of what they carry of a TCP stream's bytes, inside the
     # range its sizes give, and it predicts an efficiency for each flag set, saying as it goes
     # which phase it is in. Two processes a host also make a node's ring and the hierarchical
     # allreduce.
@@ -94,7 +94,8 @@ def test_the_allreduce_probe_measures_the_shaped_rate(tmp_path):
         said = json.loads(out.read_text())
         assert said["n"] == 4 and said["arch"] == "lenet" and len(said["measured"]) >= 8
         payload_mbit = PAYLOAD_SHARE * PROBE_MBIT
-        assert 0.85 * payload_mbit < said["bandwidth_bps"] / 1e6 < 1.15 * payload_mbit, (said, r.stdout)
+        # Idle, the ring read 8.2 to 9.0 of the 9.44 Mbit/s: at most 13% low, so 20% is the bound.
+        assert 0.8 * payload_mbit < said["bandwidth_bps"] / 1e6 < 1.15 * payload_mbit, (said, r.stdout)
         low, high = said["bandwidth_range_bps"]
         assert low <= said["bandwidth_bps"] <= high and said["bandwidth_sizes"] >= 3, said
         assert said["bandwidth_reason"] is None and len(said["step_times_s"]) >= 3
@@ -115,6 +116,12 @@ def test_the_allreduce_probe_measures_the_shaped_rate(tmp_path):
         assert hier["nodes"] == 2 and hier["bytes"] == said["measured"][-1][0] and hier["seconds"] > 0
         assert hier["predicted_s"] > 0 and "hierarchical allreduce (2 nodes of 2: an allreduce inside each" in r.stdout
         print(f"probe: {said['bandwidth_bps'] / 1e6:.1f} Mbit/s in {time.monotonic() - t0:.0f} s")
+        # tools.predict reads the probe's file, term by term (the terms: test_predict.py's).
+        p = assert_ok(run([PY, "-m", "tools.predict", "--from", str(out), "--nodes", "4", "--gpus-per-node", "2"]))
+        names = ["compute", "allreduce not hidden", "Horovod's cycle", "ring's growth with N", "host work per request",
+                 "wait for the slowest of N", "compute slowed beside the allreduce", "step"]
+        lines = p.stdout.splitlines()
+        assert "from " + str(out) in lines[0] and [ln.split("  ")[1].strip() for ln in lines[1:9]] == names, p.stdout
     finally:
         c.down()
 
