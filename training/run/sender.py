@@ -7,7 +7,9 @@ a request fails it says so in one line, keeps what it has, and tries again every
 seconds; when the server answers again it says so and sends what it kept. `end` hands it the
 run's end (files, tags, a status) and waits at most FINISH_WAIT_S (the variable
 CIFAR_MLFLOW_WAIT_S where set) for all of it to reach the server; what did not is named in one
-line. A request waits at most MLFLOW_HTTP_REQUEST_TIMEOUT seconds (10 here unless set) and is
+line. A pause (--stop-at short of --epochs, a search's trial between its epochs, an elastic
+world replaced) waits at most PAUSE_WAIT_S, quietly: the run's next tracker sends what is left.
+A request waits at most MLFLOW_HTTP_REQUEST_TIMEOUT seconds (10 here unless set) and is
 not retried by MLflow itself (MLFLOW_HTTP_REQUEST_MAX_RETRIES 0 unless set): the sender's own
 retries take its place.
 """
@@ -24,6 +26,7 @@ METRICS = ("lr", "train_loss", "train_acc", "test_loss", "test_acc", "epoch_time
 BATCH = 900  # metrics per request (MLflow takes at most 1000)
 RETRY_S = 5.0  # between tries while the server does not answer
 FINISH_WAIT_S = 30.0  # the longest a run's end waits for the server
+PAUSE_WAIT_S = 1.0  # the longest a pause (--stop-at, an elastic reset) waits: the next run sends it
 PARENT_WAIT_S = 15.0  # the longest main_sweep.py waits for its own run, to nest the runs under
 ABORT_WAIT_S = 5.0  # the longest a process ending on an error or a stop waits to mark its run
 LINGER_S = 300.0  # how long a sender goes on trying after its end stopped waiting for it
@@ -71,8 +74,8 @@ class Sender:
         self.spent, self.given = 0.0, 0  # the training thread's seconds in put_rows, its rows
         self.client = None
         self.inbox = queue.SimpleQueue()
-        self.made, self.done = threading.Event(), threading.Event()
-        self.thread = None
+        self.made = threading.Event()  # the run exists on the server
+        self.lock, self.running, self.thread = threading.Lock(), False, None
         # Its lines go where the run's go (a sweep's run heads each of its lines with its name),
         # also once the run has returned.
         self.out, self.err = sys.stdout, sys.stderr
@@ -85,17 +88,24 @@ class Sender:
 
     def start(self):
         """Start the thread (the tracker does, once it holds this sender)."""
-        self.done.clear()
-        self.thread = threading.Thread(target=self._serve, name="mlflow sender", daemon=True)
-        self.thread.start()
-        self.inbox.put(("start", None))
+        self._put(("start", None))
+
+    def _put(self, item):
+        """An item for the thread; the thread started again where it had ended (after a pause)."""
+        with self.lock:
+            self.inbox.put(item)
+            if not self.running:
+                self.running = True
+                self.thread = threading.Thread(target=self._serve, name="mlflow sender",
+                                               daemon=True)
+                self.thread.start()
 
     def put_rows(self, rows):
         t0 = time.perf_counter()
         rows = list(rows)
         self.handed += [r["epoch"] for r in rows]
         self.given += len(rows)
-        self.inbox.put(("rows", rows))
+        self._put(("rows", rows))
         self.spent += time.perf_counter() - t0
 
     def wait_for_run(self, seconds):
@@ -103,19 +113,18 @@ class Sender:
         return self.run_id
 
     def unsent(self):
-        sent = set(self.sent)
+        sent = self.sent  # replaced whole by the thread, never changed in place
         return sorted({e for e in self.handed if e not in sent})
 
     def end(self, status, files, tags, wait_s=None):
-        """Hand the end to the thread (restarted where an earlier end stopped it), and wait for
-        it at most wait_s; say what did not reach the server."""
-        if self.done.is_set():  # an earlier end was sent: its thread is returning
-            self.thread.join()
-        if not self.thread.is_alive():
-            self.start()
-        self.inbox.put(("end", (status, list(files), dict(tags))))
+        """Hand the end to the thread, after any end handed before it, and wait for it at most
+        wait_s; say what did not reach the server."""
+        done = threading.Event()
+        self._put(("end", (status, list(files), dict(tags), done)))
         wait_s = finish_wait_s() if wait_s is None else wait_s
-        if self.done.wait(wait_s):
+        if status is None and not tags:  # a pause: the run's next tracker sends what is left
+            wait_s = min(wait_s, PAUSE_WAIT_S)
+        if done.wait(wait_s):
             alone = not self.tracker.nests and not getattr(self.tracker.args, "mlflow_parent", None)
             if status == "FINISHED" and alone and self.given:
                 each = self.spent / self.given * 1e3
@@ -123,6 +132,8 @@ class Sender:
             elif status == "FINISHED" and self.tracker.nests:
                 self.say(f"mlflow: the runs are nested under run {self.run_id} at {self.shown}")
             return True
+        if status is None and not tags:  # paused: quiet; the thread goes on trying a while
+            return False
         left = self.unsent()
         what = (f"epoch {left[0]} was not logged" if len(left) == 1 else
                 f"epochs {span(left)} were not logged" if left else "the run's end was not logged")
@@ -135,7 +146,7 @@ class Sender:
     # The thread.
 
     def _serve(self):
-        end, give_up = None, None
+        ends, give_up = [], None  # the ends handed, in order; when the thread stops trying
         while True:
             try:
                 items = [self.inbox.get(timeout=RETRY_S if self.failing else None)]
@@ -151,13 +162,17 @@ class Sender:
                     self.pending += value
                     self.rows += value
                 elif kind == "end":
-                    end = value
+                    ends.append(value)
                     give_up = time.monotonic() + finish_wait_s() + LINGER_S
-            if self._sync() and end is not None and self._end(*end):
-                self.done.set()
-                return
-            if give_up is not None and time.monotonic() > give_up:
-                return
+            if self._sync():
+                while ends and self._end(*ends[0][:3]):
+                    ends.pop(0)[3].set()
+            finished = give_up is not None and not ends
+            if finished or (give_up is not None and time.monotonic() > give_up):
+                with self.lock:  # nothing handed since: the thread ends (a later item restarts it)
+                    if self.inbox.empty():
+                        self.running = False
+                        return
 
     def _sync(self):
         """Everything kept sent; False (said once) where the server did not take it."""
@@ -170,7 +185,7 @@ class Sender:
             if not self.known:
                 history = self.client.get_metric_history(self.run_id, "test_acc")
                 on_server = {m.step for m in history}
-                self.sent |= on_server
+                self.sent = self.sent | on_server  # a new set: the training thread reads it
                 self.known = True
             # An epoch the server has (a run continued from before a checkpoint) goes once.
             self.pending = [r for r in self.pending if r["epoch"] not in self.sent]
@@ -185,7 +200,7 @@ class Sender:
         except Exception as e:
             self._lost(e)
             return False
-        self.sent |= {r["epoch"] for r in self.pending}
+        self.sent = self.sent | {r["epoch"] for r in self.pending}
         if self.failing:
             epochs = [r["epoch"] for r in self.pending]
             self.say(f"mlflow: {self.shown} answers again"
