@@ -149,7 +149,7 @@ def test_a_stopped_job_submitted_again_ends_with_its_six_trials_none_trained_twi
     assert left, first[-3000:]
     again = jobs(horovod_cmd(2, args, script="main_sweep.py"), env_extra=ONE_THREAD)
     wait_until(lambda: re.search(r"^trial \d+ epoch 1/", again.output(), re.M), 120, "a trial's epoch", again)
-    postgres.restart()
+    postgres.restart(down_s=4)  # a trial reports every epoch (under a second): calls meet it down
     assert again.wait(timeout=300) == 0, again.output()[-4000:]
     r = types.SimpleNamespace(stdout=again.output())
     got = db_trials(url, ck)

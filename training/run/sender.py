@@ -31,6 +31,15 @@ PARENT_WAIT_S = 15.0  # the longest main_sweep.py waits for its own run, to nest
 ABORT_WAIT_S = 5.0  # the longest a process ending on an error or a stop waits to mark its run
 LINGER_S = 300.0  # how long a sender goes on trying after its end stopped waiting for it
 live = set()  # the trackers of this process not yet closed (tracking.end_unfinished)
+busy = set()  # the senders whose thread is running (drain)
+
+
+def drain(seconds):
+    """Wait, at most `seconds` in all, for every sender's thread to send what it was handed (at
+    the process's exit: what a closed or paused run handed last)."""
+    deadline = time.monotonic() + seconds
+    for s in list(busy):
+        s.thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def finish_wait_s():
@@ -96,6 +105,7 @@ class Sender:
             self.inbox.put(item)
             if not self.running:
                 self.running = True
+                busy.add(self)
                 self.thread = threading.Thread(target=self._serve, name="mlflow sender",
                                                daemon=True)
                 self.thread.start()
@@ -172,6 +182,7 @@ class Sender:
                 with self.lock:  # nothing handed since: the thread ends (a later item restarts it)
                     if self.inbox.empty():
                         self.running = False
+                        busy.discard(self)
                         return
 
     def _sync(self):

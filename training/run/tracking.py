@@ -138,7 +138,7 @@ class Tracker:
         self.sender.start()
         _last["tracker"] = self
         if not _last.get("exit_hook"):  # once a process, at its first tracker
-            atexit.register(end_unfinished)
+            atexit.register(at_exit)
             _last["exit_hook"] = True
         sender.live.add(self)
 
@@ -251,6 +251,13 @@ def end_trial(folder, state):
     log_model = getattr(tracker.args, "mlflow_log_model", False)
     tracker.close(TRIAL_STATUS[state], artifacts(folder, ("metrics.csv", "curves.svg"), log_model),
                   tags)
+
+
+def at_exit():
+    """The process ends: trackers not closed ended (end_unfinished), then a short wait for what
+    every sender was handed last."""
+    end_unfinished()
+    sender.drain(sender.ABORT_WAIT_S)
 
 
 def end_unfinished(status=None):
