@@ -295,7 +295,17 @@ class Study:
         """Tell the study how the trial's run up to `epoch` went (`history`, its metric rows on
         the group's rank 0; `whys`, why it failed on each rank, None where it did not), and
         return what the group does next: "train" the next epoch, or the trial's end,
-        "complete", "pruned" or "failed"."""
+        "complete", "pruned" or "failed"; "lost" where another group ended the trial (its
+        heartbeat went stale while the database was away): this group leaves it."""
+        from optuna.exceptions import UpdateFinishedTrialError
+        try:
+            return self._after_epoch(number, epoch, history, whys)
+        except UpdateFinishedTrialError:
+            print(f"trial {number} was ended by another group (its heartbeat went stale); this "
+                  "group leaves it", flush=True)
+            return "lost"
+
+    def _after_epoch(self, number, epoch, history, whys):
         from optuna.trial import TrialState
         trial = self.live(number)
         failed = [why for why in whys if why is not None]

@@ -135,7 +135,8 @@ def test_a_stopped_job_submitted_again_ends_with_its_six_trials_none_trained_twi
     from mlflow.tracking import MlflowClient
     client = MlflowClient(tracked[1])  # its artifacts here, not in MLflow's default ./mlruns
     client.create_experiment("cifar10", artifact_location=str(tmp_path / "artifacts"))
-    args = [*common_args(data_dir, ck, epochs=2), *SPACE, "--trials", 6, "--storage", url, "--heartbeat", BEAT,
+    # A heartbeat of 10 s: the 4 s the database is down below leave every trial's beat fresh.
+    args = [*common_args(data_dir, ck, epochs=2), *SPACE, "--trials", 6, "--storage", url, "--heartbeat", 10,
             *tracked]
     job = jobs(horovod_cmd(2, args, script="main_sweep.py"), env_extra=ONE_THREAD)
     wait_until(lambda: any(metrics_rows(ck / f"trial-{n}") for n in range(6)), 120, "a trial's first epoch", job)
