@@ -126,8 +126,7 @@ def secrets_in(folder, *texts):
 def test_a_stopped_job_submitted_again_ends_with_its_six_trials_none_trained_twice(data_dir, tmp_path, postgres, jobs):
     # The study's URL carries a password (the server trusts 127.0.0.1 and ignores it), and the
     # job logs to an MLflow store of its own: the password is in no file the job wrote, its
-    # MLflow store included, and in no line it printed. The resubmitted job sees the database
-    # restart (every connection dropped) in the middle of its trials, and goes on.
+    # MLflow store included, and in no line it printed.
     url = postgres.database("stopped").replace("postgres@", f"postgres:{CANARY}@")
     shown = url.replace(CANARY, "***")
     ck = tmp_path / "ck"
@@ -135,8 +134,7 @@ def test_a_stopped_job_submitted_again_ends_with_its_six_trials_none_trained_twi
     from mlflow.tracking import MlflowClient
     client = MlflowClient(tracked[1])  # its artifacts here, not in MLflow's default ./mlruns
     client.create_experiment("cifar10", artifact_location=str(tmp_path / "artifacts"))
-    # A heartbeat of 10 s: the 4 s the database is down below leave every trial's beat fresh.
-    args = [*common_args(data_dir, ck, epochs=2), *SPACE, "--trials", 6, "--storage", url, "--heartbeat", 10,
+    args = [*common_args(data_dir, ck, epochs=2), *SPACE, "--trials", 6, "--storage", url, "--heartbeat", BEAT,
             *tracked]
     job = jobs(horovod_cmd(2, args, script="main_sweep.py"), env_extra=ONE_THREAD)
     wait_until(lambda: any(metrics_rows(ck / f"trial-{n}") for n in range(6)), 120, "a trial's first epoch", job)
@@ -149,8 +147,6 @@ def test_a_stopped_job_submitted_again_ends_with_its_six_trials_none_trained_twi
     left = [t.number for t in db_trials(url, ck) if t.state.name == "RUNNING"]
     assert left, first[-3000:]
     again = jobs(horovod_cmd(2, args, script="main_sweep.py"), env_extra=ONE_THREAD)
-    wait_until(lambda: re.search(r"^trial \d+ epoch 1/", again.output(), re.M), 120, "a trial's epoch", again)
-    postgres.restart(down_s=4)  # a trial reports every epoch (under a second): calls meet it down
     assert again.wait(timeout=300) == 0, again.output()[-4000:]
     r = types.SimpleNamespace(stdout=again.output())
     got = db_trials(url, ck)
@@ -167,7 +163,6 @@ def test_a_stopped_job_submitted_again_ends_with_its_six_trials_none_trained_twi
                   if "mlflow.parentRunId" not in x.data.tags)
     assert parent.data.params["storage"] == shown
     assert secrets_in(tmp_path, first, r.stdout) == []
-    assert "the study's database does not answer" in r.stdout and "answers again" in r.stdout
 
 
 def test_a_storage_that_is_not_postgresql_or_does_not_answer_is_one_line(data_dir, tmp_path):
