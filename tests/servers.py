@@ -104,14 +104,6 @@ class PostgresServer:
                        name], 60)
         return f"postgresql://{PG_USER}@127.0.0.1:{self.port}/{name}"
 
-    def restart(self, down_s=0, timeout=60):
-        """Stop the server at once (as a crash or a failover does: every connection dropped),
-        leave it down for `down_s` seconds, and start it again on the same port and data."""
-        data = os.path.join(self.folder, "data")
-        self._as_user([os.path.join(self.bin, "pg_ctl"), "-D", data, "-m", "immediate", "-w", "stop"], timeout)
-        time.sleep(down_s)
-        self._start(timeout)
-
     def stop(self):
         if self.folder is None:
             return
