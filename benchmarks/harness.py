@@ -196,11 +196,16 @@ def finish(res, figures, out, started, tail=()):
     return rewrite(res, figures, out, tail)
 
 
+def write_json(res, path):
+    """The record as results.json at path (written whole or not at all)."""
+    atomic_write(path, lambda f: f.write((json.dumps(res, indent=2) + "\n").encode()))
+
+
 def rewrite(res, figures, out, tail=()):
     """Judges the record and writes results.json, RESULTS.md (`tail`: the lines that end it) and
     the figures' plots into `out`."""
     judge(res, figures)
-    atomic_write(os.path.join(out, "results.json"), lambda f: f.write((json.dumps(res, indent=2) + "\n").encode()))
+    write_json(res, os.path.join(out, "results.json"))
     write_markdown(os.path.join(out, "RESULTS.md"), res, figures, tail)
     for mod in figures:
         fig = res["figures"][mod.NAME]

@@ -4,6 +4,7 @@
     .venv/bin/python -m benchmarks.run --quick         # smoke run (~1 min), for tests
     .venv/bin/python -m benchmarks.run --only loader_speedup,horovod_np1_overhead   # a subset
     .venv/bin/python -m benchmarks.run --only sweep_wall_time --merge   # re-measure one, keep the rest
+    .venv/bin/python -m benchmarks.run --render        # measure nothing: rewrite the page from results.json
 
 The full run writes benchmarks/results/results.json and benchmarks/results/RESULTS.md. --quick
 writes into a fresh temporary folder unless --out is given, so a smoke run never replaces the
@@ -29,10 +30,15 @@ on the trainer's thread count (the headline uses 1 thread, the smaller share
 against 2 PIL workers), and the np=1 overhead pair also with both processes
 confined to one core.
 
+--render judges the figures of --out's results.json again and rewrites its RESULTS.md and plots
+(a figure module that adds points to a committed figure hands its page over to it).
+
 This file only picks and runs figures; harness.py holds what they share (and the
-interface of a figure module), trainer_runs.py the timed trainer runs.
+interface of a figure module), trainer_runs.py the timed trainer runs. Figures import only the
+modules below them (harness.py and its kind), never this one.
 """
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -95,7 +101,12 @@ def parse_args(argv):
     p.add_argument("--merge", action="store_true",
                    help="keep the figures not run from the existing results.json in --out, each marked "
                         "with the date, commit and command of the run that measured it")
+    p.add_argument("--render", action="store_true",
+                   help="measure nothing: judge the figures of --out's results.json again and rewrite its "
+                        "RESULTS.md and plots")
     args = p.parse_args(argv)
+    if args.render and (args.quick or args.only or args.merge):
+        p.error("--render measures nothing: it takes --out alone")
     by_name = {m.NAME: m for m in FIGURES}
     wanted = args.only.split(",") if args.only else [m.NAME for m in FIGURES]
     unknown = sorted(set(wanted) - set(by_name))
@@ -108,6 +119,8 @@ def parse_args(argv):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    if args.render:
+        return render(args.out or harness.RESULTS)
     out = args.out or (tempfile.mkdtemp(prefix="bench-quick-") if args.quick else harness.RESULTS)
     os.makedirs(out, exist_ok=True)
     cfgs = {m.NAME: m.QUICK if args.quick else m.FULL for m in FIGURES}
@@ -143,6 +156,16 @@ def main(argv=None):
         print(f"{name:24s} {harness.fmt(f['value']):>8s}   goal {f['goal']:<7s} met {f['met']}")
     if failed:
         harness.log(f"{len(failed)} figure(s) failed: {', '.join(sorted(failed))} (tracebacks above)")
+    return res
+
+
+def render(out):
+    """The record in out's results.json, judged again and written back with its RESULTS.md and plots."""
+    path = os.path.join(out, "results.json")
+    with open(path) as f:
+        res = json.load(f)
+    harness.rewrite(res, FIGURES, out, tail=results_section.lines(out))
+    harness.log(f"rewrote {path} and {os.path.join(out, 'RESULTS.md')}")
     return res
 
 

@@ -229,8 +229,91 @@ def test_a_figure_that_raises_is_reported_and_the_others_are_written(tmp_path, m
     assert res["figures"]["fake_boom"]["value"] == 7.0 and "measured_in" in res["figures"]["fake_boom"]
 
 
+def test_render_judges_a_changed_record_again_and_rewrites_its_page(tmp_path, monkeypatch):
+    """--render measures nothing: a figure's new value in results.json reaches the page and is
+    judged against its goal."""
+    def module(fake):  # as the registry holds them
+        mod = types.ModuleType(fake.NAME)
+        mod.__dict__.update(vars(fake), QUICK={}, FULL={})
+        return mod
+    monkeypatch.setattr(run, "FIGURES", [module(FIGURE), module(OTHER)])
+    monkeypatch.setattr(run.devices, "pick_device", lambda: pytest.fail("--render picked a device"))
+    res = {"schema": 1, "command": "python -m benchmarks.run", "date_utc": "2000-01-01 00:00", "quick": False,
+           "duration_s": 1.0, "failed": [], "load_average": {"start": [0.0] * 3, "end": [0.0] * 3},
+           "machine": {"cpu_model": "CPU X", "cpu_count": 2, "cpus_usable": 2, "gpu": None, "torch": "t",
+                       "torchvision": "tv", "horovod": "h", "python": "3", "platform": "os", "commit": "abc",
+                       "tracked_changes_outside_benchmarks": False},
+           "figures": {"fake_ratio": {"value": 2.0, "repeats": [2.0], "goal": ">= 1", "met": True}}}
+    harness.write_json(res, str(tmp_path / "results.json"))
+    res["figures"]["fake_ratio"].update(value=0.5, repeats=[0.5])  # changed since it was judged
+    (tmp_path / "results.json").write_text(json.dumps(res))
+    assert run.parse_args(["--render"]).render
+    with pytest.raises(SystemExit):
+        run.parse_args(["--render", "--only", "fake_ratio"])
+    out = run.main(["--render", "--out", str(tmp_path)])
+    written = json.loads((tmp_path / "results.json").read_text())
+    assert out["figures"]["fake_ratio"]["met"] is False and written["figures"]["fake_ratio"]["met"] is False
+    assert written["figures"]["fake_time"]["skipped"] == "not run (--only)"
+    assert "fake section, value 0.5" in (tmp_path / "RESULTS.md").read_text()
+
+
+def imports_of(path, package):
+    """The modules of `package` that the file at path imports, read from its source (nothing is
+    imported): `from a import b` counts as a.b where a.b is a module of the package, else as a."""
+    import ast
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return {m for m in found if m == package or m.startswith(package + ".")}
+
+
+def import_cycle(graph):
+    """One cycle of the graph {module: {modules it imports}} as a list of modules, or None."""
+    state, stack = {}, []
+
+    def visit(m):
+        state[m] = "open"
+        stack.append(m)
+        for n in sorted(graph.get(m, ())):
+            if state.get(n) == "open":
+                return stack[stack.index(n):] + [n]
+            if n not in state and (found := visit(n)):
+                return found
+        state[m] = "done"
+        stack.pop()
+        return None
+    return next((c for m in sorted(graph) if m not in state and (c := visit(m))), None)
+
+
+def test_import_cycle_finds_a_circle_and_passes_a_tree():
+    assert import_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert import_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_no_benchmark_module_imports_one_that_imports_it_back():
+    """Figures import what they share from modules below them; run.py imports the figures, and
+    no figure imports run.py. Read from the sources with ast, over every module of benchmarks/."""
+    graph = {}
+    for folder, _, files in os.walk(os.path.join(ROOT, "benchmarks")):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(folder, f)
+                name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".").removesuffix(".__init__")
+                graph[name] = imports_of(path, "benchmarks")
+    known = set(graph)
+    graph = {m: {n for n in imports if n in known and n != m} for m, imports in graph.items()}
+    assert "benchmarks.run" in graph and "benchmarks.figures.probe_vs_emulator_error" in graph["benchmarks.run"]
+    assert import_cycle(graph) is None, f"an import circle: {' -> '.join(import_cycle(graph))}"
+    assert not [m for m, imports in graph.items() if "benchmarks.run" in imports]
+
+
 def test_a_short_step_is_timed_over_more_steps_up_to_the_most():
-    steps_for = run.scaling_model_heldout_error.steps_for
+    from benchmarks.emulated_jobs import steps_for
     cfg = {"steps": 3, "timed_s": 3.0, "max_steps": 20}
     one_rank = {"n": 1, "compute_s": 1e-3}  # the model's step is then the compute alone
     assert steps_for(one_rank, 100, cfg) == 20  # 0.1 s of real time a step: 30 wanted, 20 at most

@@ -40,33 +40,19 @@ node on NVLink, at 8 to 64 GPUs with 25, 100 or 400 Gb/s between nodes, predicte
 model in every cell, each row emulated at 32 GPUs (4 hosts standing for 4 nodes of 8 GPUs).
 """
 import json
-import math
 import os
 import shutil
 import tempfile
 
 from benchmarks import dilated, harness
-from benchmarks.gpu_cluster import (
-    GPUS,
-    flags_text,
-    gpu_emulate,
-    gpu_markdown,
-    gpu_profiles,
-    gpu_rows,
-    h100_step_s,
-)
-from tools import emulate, layer_profile, scaling_model
+from benchmarks.emulated_jobs import MODELS, MODES, RATE_BPS, emulated_points, profiles
+from benchmarks.gpu_cluster import GPUS, flags_text, gpu_emulate, gpu_markdown, gpu_profiles, gpu_rows
+from tools import emulate, scaling_model
 
 NAME = "scaling_model_heldout_error"
 GOAL = ("<=", 0.10)
 MEAN_GOAL = 0.05
 DESCRIPTION = "scaling model: largest relative error of the step time on held-out emulated jobs, 2-16 hosts"
-RATE_BPS = 25e9
-PROFILE_BATCH = 32
-# Per model, the GPU step it computes: seconds, or the name of an H100 run of results-gpu.json.
-MODELS = {"lenet": 1.3e-3, "mobilenetv2": 5e-3, "resnet18": "main_bs128_bf16"}
-MODES = {"default": {}, "fp16": {"fp16": True}, "k4": {"k": 4}, "fusion-off": {"fusion": False},
-         "compiled": {"compiled": True}, "hierarchical": {"compiled": True, "hierarchical": True}}
 PORT_MODES = {"horovod": ("default", "fp16", "k4", "fusion-off", "compiled"), "ddp": ("default", "k4", "compiled")}
 # At the widest hosts (wide_hosts), each port's defaults and the compiled backward.
 WIDE_MODES = {"horovod": ("default", "compiled"), "ddp": ("default",)}
@@ -78,25 +64,6 @@ FULL = dict(hosts=(2, 3, 4, 6, 8), wide_hosts=(16,), hierarchical_hosts=(2, 4), 
             most_d=8, gpu_table=True)
 QUICK = dict(hosts=(2,), fit_hosts=(2,), models=("lenet",), ports=("horovod",), steps=2, warmup=1,
              timed_s=0.0, max_steps=2, at_2d=False, gpu_table=False)
-
-def profiles(models):
-    """Each model's CPU layer profile (batch 32, one thread), scaled to its GPU step."""
-    import torch
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        cpu = {arch: layer_profile.measure(arch, PROFILE_BATCH, steps=3) for arch in set(models) | {"resnet18"}}
-    finally:
-        torch.set_num_threads(threads)
-    out = {}
-    for arch in models:
-        step = MODELS[arch]
-        if isinstance(step, str):
-            out[arch] = layer_profile.scaled(cpu[arch], h100_step_s(step), f"the H100's {step} step (results-gpu.json)")
-        else:
-            out[arch] = layer_profile.scaled(cpu[arch], step, f"a chosen step of {step * 1e3:g} ms")
-    return out, cpu
-
 
 def jobs(ports, archs, port_modes=PORT_MODES):
     """The launches of one host count: (port, fusion, [(arch, mode)])."""
@@ -118,38 +85,6 @@ def groups(cfg):
     tall = [a for a in cfg["models"] if a in HIERARCHICAL_MODELS]
     return out + [(n, SLOTS, [("horovod", True, [(a, "hierarchical") for a in tall])])
                   for n in cfg.get("hierarchical_hosts", ()) if tall]
-
-
-def emulated_points(hosts, n, d, shaped, launches, profs, cfg, rate=RATE_BPS, gpus_per_host=1, tag=None):
-    """Run the launches on the hosts: one point per case, with the model's point fields."""
-    points = []
-    for port, fusion, todo in launches:
-        flags = [MODES[m] for _, m in todo]
-        model = [emulate.model_point(profs[a], n, rate, port, f.get("k", 1), f.get("fp16", False),
-                                     f.get("compiled", False), fusion, gpus_per_host, f.get("hierarchical", False))
-                 for (a, _), f in zip(todo, flags)]
-        cases = [emulate.case(f"{a} {m}", profs[a], f.get("k", 1), f.get("fp16", False), f.get("compiled", False),
-                              steps_for(point, d, cfg), cfg["warmup"], f.get("hierarchical", False))
-                 for (a, m), f, point in zip(todo, flags, model)]
-        results = emulate.run_plan(hosts, port, cases, d, fusion, timeout=7200)
-        for (arch, mode), point, r in zip(todo, model, results):
-            points.append(dict(point, arch=arch, hosts=n, slots=gpus_per_host, port=port, mode=mode, tag=tag,
-                               dilation=d, shaped_bps=shaped, step_s=r["step_s"], steps_s=r["steps_s"],
-                               phases_s=r["phases_s"], cpu_share=emulate.cpu_share(r),
-                               private_mb=max(m for m in r["private_mb"] if m is not None) if any(
-                                   r["private_mb"]) else None, wall_s=r["wall_s"]))
-            harness.log(f"{n} hosts{' x ' + str(gpus_per_host) if gpus_per_host > 1 else ''}, {arch}, {port} "
-                        f"{mode}: step {r['step_s'] * 1e3:.2f} ms (D {d:.0f}, CPU {points[-1]['cpu_share']:.2f} "
-                        f"of the cores)")
-    return points
-
-
-def steps_for(point, d, cfg):
-    """Timed steps for a case: cfg's steps, or more, up to cfg's most, so that they last about
-    cfg's timed_s of real time (by the fitted model's step); a short step is a few of Horovod's
-    cycles, and its mean needs many of them."""
-    real_s = scaling_model.step_s(point, scaling_model.FITTED) * d
-    return max(cfg["steps"], min(cfg["max_steps"], math.ceil(cfg["timed_s"] / real_s)))
 
 
 def measure(cfg, profs, folder):
@@ -396,19 +331,21 @@ def main(argv=None):
     if args.add:
         import datetime
         import shlex
+        import subprocess
         import sys
 
-        from benchmarks import run as bench
-        from benchmarks.gpu import results_section
         res = add(cfg, args.out)
         res["figures"][NAME].setdefault("added", []).append(
             {"date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
              "commit": harness.machine_info()["commit"],
              "command": shlex.join(["python", "-m", "benchmarks.figures.scaling_model_heldout_error",
                                     *(sys.argv[1:] if argv is None else argv)])})
-        harness.rewrite(res, bench.FIGURES, os.path.dirname(args.out),
-                        tail=results_section.lines(os.path.dirname(args.out)))
-        fig = res["figures"][NAME]
+        harness.write_json(res, args.out)
+        # The page is every figure's: benchmarks.run, which holds their registry, judges and writes it.
+        subprocess.run([sys.executable, "-m", "benchmarks.run", "--render", "--out", os.path.dirname(args.out)],
+                       cwd=harness.ROOT, check=True)
+        with open(args.out) as f:
+            fig = json.load(f)["figures"][NAME]
     else:
         fig = run(cfg, None)
         with open(args.out, "w") as f:
