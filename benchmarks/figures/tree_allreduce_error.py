@@ -6,7 +6,9 @@ nothing here computes). On the first 2, 4 and 8 hosts tools/mpi_allreduce.py tim
 own allreduce twice, each algorithm forced through its MCA parameters: its "nonoverlapping"
 allreduce (algorithm 2) over a binary-tree reduce (4) and a binary-tree broadcast (5), both in
 segments of the model's TREE_SEGMENT_BYTES, at TREE_SIZES; and its segmented ring (algorithm
-5, the same segments) at RING_SIZES, fitted to the model's line (tools.allreduce.fit_line).
+5, the same segments) at RING_SIZES, fitted to the model's line (tools.allreduce.fit_line: the
+probe's fit, tools/linkfit.py, over the fastest call of each size; the headline takes only its
+latency, the tree predicted from the ring its bandwidth too).
 Idle ranks yield their core (mpi_yield_when_idle): 8 processes share 2 cores.
 
 The figure is the largest relative error, over host counts and sizes, of the tree's time the
