@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# The MPIJob's pods (deploy/kubernetes/horovod/mpijob.yaml), as any non-root user of the image.
+# The MPIJob's pods (deploy/kubernetes/horovod/mpijob.yaml) and the MPI TrainJob's
+# (deploy/kubernetes/trainer-horovod/trainingruntime.yaml), as any non-root user of the image.
 #
 #   mpi-pod.sh worker              run sshd on SSH_PORT, taking the job's key as authorized
 #   mpi-pod.sh launcher CMD...     wait until every host of the operator's hostfile accepts ssh,
 #                                  then run CMD (mpirun ...) with ssh set up for it (Open MPI 4
 #                                  or 5) and the container's NCCL_* variables forwarded
 #
-# The MPI Operator mounts the job's ssh Secret at the MPIJob's sshAuthMountPath (SSH_DIR here:
-# id_rsa, id_rsa.pub, authorized_keys, root's files) and its hostfile at /etc/mpi/hostfile
+# The MPI Operator (or the Trainer's MPI plugin) mounts the job's ssh Secret at the job's
+# sshAuthMountPath (SSH_DIR here: id_rsa, id_rsa.pub, authorized_keys, root's files, the key
+# readable by all or by the pod's fsGroup) and its hostfile at /etc/mpi/hostfile
 # (OMPI_MCA_orte_default_hostfile). A non-root sshd cannot use the system's host keys or port
 # 22, so it runs on a key and a configuration of its own, made at start in a private folder.
 # Settings (environment): SSH_DIR (default /etc/cifar-ssh), SSH_PORT (default 2222),
@@ -38,7 +40,7 @@ Port $SSH_PORT
 HostKey $dir/host_key
 PidFile $dir/sshd.pid
 AuthorizedKeysFile $SSH_DIR/authorized_keys
-# The Secret's files are root's and readable by all, as the operator mounts them.
+# The Secret's files are root's, as the operator mounts them.
 StrictModes no
 UsePAM no
 PasswordAuthentication no
@@ -49,7 +51,7 @@ EOF
 
 launcher() {
     [ $# -gt 0 ] || die "usage: mpi-pod.sh launcher mpirun ..."
-    [ -r "$HOSTFILE" ] || die "no hostfile at $HOSTFILE (the MPI Operator mounts it at /etc/mpi/hostfile)"
+    [ -r "$HOSTFILE" ] || die "no hostfile at $HOSTFILE (the operator mounts it at /etc/mpi/hostfile)"
     [ -r "$SSH_DIR/id_rsa" ] || die "no $SSH_DIR/id_rsa: set SSH_DIR to the MPIJob's sshAuthMountPath"
     local opts host deadline=$((SECONDS + SSH_WAIT_SECONDS))
     opts=$(ssh_options)
