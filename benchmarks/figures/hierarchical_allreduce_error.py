@@ -7,9 +7,10 @@ of real time, no dilation: nothing here computes), the two processes of a host t
 loopback, unshaped, as a node's GPUs over their faster internal links. On the first 2 and then
 all 4 hosts the allreduce probe runs (tools/allreduce.py, ResNet-18's gradients, 44.7 MB). It
 times the flat ring of every process and a node's own ring, each fitted to a line (latency and
-bandwidth), and the hierarchical allreduce of all the gradients: a reduce-scatter inside each
-node, an allreduce of each process's share across the nodes (a node's processes each run a
-ring of their own, side by side on its link), an allgather inside the node. Those are
+bandwidth: tools/linkfit.py, over the median of each size's repeats), and the hierarchical
+allreduce of all the gradients: a reduce-scatter inside each node, an allreduce of each
+process's share across the nodes (a node's processes each run a ring of their own, side by side
+on its link), an allgather inside the node. Those are
 HOROVOD_HIERARCHICAL_ALLREDUCE's steps; gloo has no hierarchical path of its own, so they are
 made of Horovod's reducescatter, allreduce and allgather over process sets.
 
