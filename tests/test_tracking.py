@@ -1,17 +1,20 @@
 """--mlflow against a real MLflow tracking server (`mlflow server`, a SQLite store in a temporary
 folder, on 127.0.0.1), read back with MlflowClient: a Horovod np=2 run is one MLflow run with
-its flags and every epoch; a run stopped by SIGTERM and continued by --auto-resume stays that
+its flags and every epoch, best.pth's model (registered, with its signature, loaded back and run)
+and its node's system/... metrics; a run stopped by SIGTERM and continued by --auto-resume stays that
 run, each epoch logged once; a server down at the start or frozen mid-run holds no epoch back,
 and what it missed reaches it once; a run killed before its first checkpoint is continued, one
-stopped is KILLED, one deleted on the server replaced; a bad URI, or MLflow missing, is one line
-before any training. Runs nested under main_sweep.py's run are test_search.py's. The tests share
+stopped is KILLED, one deleted on the server replaced (system metrics on across the frozen
+server); a bad URI, or MLflow missing, is one line before any training. Runs nested under main_sweep.py's run are test_search.py's. The tests share
 one server and run on one worker (conftest.ONE_WORKER)."""
 import os
 import re
 import signal
+import socket
 import time
 
 import pytest
+import torch
 
 from helpers import (
     PY,
@@ -26,11 +29,13 @@ from helpers import (
     skip_or_fail,
     wait_until,
 )
+import models
 from servers import MlflowServer
 from training.base.errors import UsageError
 from training.run import tracking
 
 try:
+    import mlflow.pytorch
     from mlflow.tracking import MlflowClient
 except ImportError:  # make setup installs it (requirements.txt); without it these tests skip
     MlflowClient = None
@@ -62,10 +67,14 @@ def steps(client, run_id, key="test_acc"):
     return sorted(m.step for m in client.get_metric_history(run_id, key))
 
 
-def test_a_horovod_run_is_one_mlflow_run_with_its_flags_and_every_epoch(server, data_dir, tmp_path):
+def test_a_horovod_run_is_one_mlflow_run_with_its_flags_every_epoch_its_model_and_its_node(
+        server, data_dir, tmp_path, monkeypatch):
     ckpt = tmp_path / "ckpt"
-    args = common_args(data_dir, ckpt, "--mlflow", server.uri, "--mlflow-log-model")
-    assert_ok(run_horovod(2, args, env_extra={"MLFLOW_EXPERIMENT_NAME": "np2"}))
+    args = common_args(data_dir, ckpt, "--mlflow", server.uri, "--mlflow-log-model", "--mlflow-register",
+                       "cifar-lenet", "--mlflow-system-metrics")
+    r = assert_ok(run_horovod(2, args, env_extra={"MLFLOW_EXPERIMENT_NAME": "np2",
+                                                  "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "0.2"}))
+    assert "mlflow: model registered as cifar-lenet version 1" in r.stdout, r.stdout + r.stderr
     client, runs = runs_of(server.uri, "np2")
     assert len(runs) == 1, [r.info.run_id for r in runs]  # rank 0 alone logs
     run_ = runs[0]
@@ -77,7 +86,7 @@ def test_a_horovod_run_is_one_mlflow_run_with_its_flags_and_every_epoch(server, 
         got = sorted((m.step, m.value) for m in client.get_metric_history(run_.info.run_id, key))
         assert got == [(int(r["epoch"]), pytest.approx(float(r[key]))) for r in rows], key
     files = {f.path for f in client.list_artifacts(run_.info.run_id)}
-    assert {"metrics.csv", "curves.svg", "checkpoint"} <= files, files
+    assert {"metrics.csv", "curves.svg", "checkpoint", "model"} <= files, files
     assert run_.info.status == "FINISHED"
     want = {"mlflow_run_id": run_.info.run_id, "tracking_uri": server.uri}
     assert load_ckpt(ckpt / "ckpt.pth")["tracking"] == tracking.read_run_file(ckpt) == want
@@ -85,6 +94,23 @@ def test_a_horovod_run_is_one_mlflow_run_with_its_flags_and_every_epoch(server, 
     assert tags["mlflow.user"] and tags["mlflow.source.name"] == "main_horovod.py"
     assert tags["mlflow.source.git.commit"] == params["git_commit"].removesuffix("+dirty")
     assert params["recipe.lr"] == "0.05"
+    # best.pth's model: registered, its signature a CIFAR batch of any size, and it loads and runs
+    # as best.pth's weights do.
+    (version,) = client.search_model_versions("name='cifar-lenet'")
+    assert version.run_id == run_.info.run_id and version.status == "READY"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)
+    info = mlflow.models.get_model_info("models:/cifar-lenet/1")
+    (given,), (out,) = info.signature.inputs.inputs, info.signature.outputs.inputs
+    assert (given.shape, str(given.type), out.shape) == ((-1, 3, 32, 32), "float32", (-1, 10))
+    model = mlflow.pytorch.load_model("models:/cifar-lenet/1")
+    same = models.get_model("lenet")
+    same.load_state_dict(load_ckpt(ckpt / "best.pth")["model"])
+    x = torch.randn(3, 3, 32, 32)
+    assert torch.allclose(model(x), same.eval()(x), atol=1e-5)
+    # The node's metrics, named after its host: rank 0's node (both ranks run on this one).
+    node = socket.gethostname().split(".")[0]
+    system = {k.split("/")[1] for k in run_.data.metrics if k.startswith("system/")}
+    assert system == {node} and f"system/{node}/cpu_utilization_percentage" in run_.data.metrics
 
 
 def test_a_stopped_run_continues_its_mlflow_run_each_epoch_once(server, data_dir, tmp_path, jobs):
@@ -124,14 +150,17 @@ def test_a_server_down_at_the_start_or_frozen_mid_run_holds_no_epoch_back_and_ge
     # training path). 3. Thawed: the next resume sends what the frozen server
     # missed, and every epoch is in the one MLflow run exactly once.
     ckpt = tmp_path / "ckpt"
-    env = {"MLFLOW_EXPERIMENT_NAME": "frozen", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20", "CIFAR_MLFLOW_WAIT_S": "2"}
+    # --mlflow-system-metrics throughout: the monitor's requests wait on the frozen server too.
+    env = {"MLFLOW_EXPERIMENT_NAME": "frozen", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20", "CIFAR_MLFLOW_WAIT_S": "2",
+           "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "0.2"}
+    on = ("--mlflow", server.uri, "--mlflow-system-metrics")
     server.stop()
-    down = run_main(common_args(data_dir, ckpt, "--mlflow", server.uri, epochs=1), env_extra=env)
+    down = run_main(common_args(data_dir, ckpt, *on, epochs=1), env_extra=env)
     assert_ok(down)
     assert "does not answer" in down.stderr and "epoch 1 was not logged" in down.stderr, down.stderr
     assert not (ckpt / tracking.RUN_FILE).exists() and load_ckpt(ckpt / "ckpt.pth")["tracking"] is None
     server.start()
-    job = jobs([PY, "main.py", *common_args(data_dir, ckpt, "--mlflow", server.uri, "--auto-resume", epochs=12)], env)
+    job = jobs([PY, "main.py", *common_args(data_dir, ckpt, *on, "--auto-resume", epochs=12)], env)
     run_id = wait_until(lambda: tracking.read_run_file(ckpt), 120, "the MLflow run", job)["mlflow_run_id"]
     client = MlflowClient(server.uri)
     seen = wait_until(lambda: max(steps(client, run_id), default=0) >= 3 and steps(client, run_id), 120,
@@ -151,13 +180,13 @@ def test_a_server_down_at_the_start_or_frozen_mid_run_holds_no_epoch_back_and_ge
         assert re.search(r"epochs? [\d-]*12 (were|was) not logged", out), out[-3000:]
     finally:
         thaw(server)
-    assert_ok(run_main(common_args(data_dir, ckpt, "--mlflow", server.uri, "--auto-resume", epochs=13),
-                       env_extra=env))
+    assert_ok(run_main(common_args(data_dir, ckpt, *on, "--auto-resume", epochs=13), env_extra=env))
     _, runs = runs_of(server.uri, "frozen")
     assert [r.info.run_id for r in runs] == [run_id]
     for key in ("test_acc", "lr"):
         assert steps(client, run_id, key) == list(range(1, 14)), key  # each epoch once
     assert runs[0].info.status == "FINISHED"
+    assert any(k.startswith("system/") for k in runs[0].data.metrics), runs[0].data.metrics
 
 
 def test_the_run_folder_names_the_run_so_a_crash_before_the_first_checkpoint_continues_it(server, data_dir,
@@ -192,6 +221,10 @@ def test_a_bad_uri_is_one_line_before_any_training_and_says_no_secret(client_sid
         parse(*common_args(data_dir, ckpt, "--mlflow", "ftp://me:CANARY@example.org/x"))
     with pytest.raises(UsageError, match="--mlflow-log-model logs to MLflow: add --mlflow URI"):
         parse(*common_args(data_dir, ckpt, "--mlflow-log-model"))
+    with pytest.raises(UsageError, match="--mlflow-system-metrics logs to MLflow: add --mlflow URI"):
+        parse(*common_args(data_dir, ckpt, "--mlflow-system-metrics"))
+    with pytest.raises(UsageError, match="--mlflow-register registers the model --mlflow-log-model logs"):
+        parse(*common_args(data_dir, ckpt, "--mlflow", "http://127.0.0.1:5000", "--mlflow-register", "m"))
     r = run_main([*common_args(data_dir, ckpt, "--mlflow", "gopher://me:CANARY@h/x")])
     assert_one_line_error(r, "--mlflow gopher://me:***@h/x: not a tracking URI", code=2)
     assert "CANARY" not in r.stdout + r.stderr
@@ -205,3 +238,6 @@ def test_without_mlflow_the_flag_names_the_install(monkeypatch, tmp_path):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")  # the variable alone turns it on
     with pytest.raises(UsageError, match="not installed"):
         parse(*common_args(tmp_path, tmp_path))
+    monkeypatch.setattr(tracking.importlib.util, "find_spec", lambda name: None if name == "psutil" else real(name))
+    with pytest.raises(UsageError, match="--mlflow-system-metrics needs psutil, which is not installed here: pip"):
+        parse(*common_args(tmp_path, tmp_path, "--mlflow-system-metrics"))

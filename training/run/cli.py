@@ -117,7 +117,15 @@ def build_parser(doc):
            "answer stops no training; credentials from MLFLOW_TRACKING_USERNAME/PASSWORD or "
            "_TOKEN (default: MLFLOW_TRACKING_URI where set; needs "
            f"{tracking.INSTALL})")
-    a("--mlflow-log-model", action="store_true", help="with MLflow, also log best.pth at the end")
+    a("--mlflow-log-model", action="store_true",
+      help="with MLflow, also log best.pth at the end, and its model as an MLflow model with "
+           "its signature (mlflow.pytorch.load_model loads it)")
+    a("--mlflow-register", default=None, metavar="NAME",
+      help="with --mlflow-log-model, register the model as a version of NAME in MLflow's "
+           "model registry")
+    a("--mlflow-system-metrics", action="store_true",
+      help="with MLflow, also log the node's CPU, memory, disk, network (and GPU, with pynvml) "
+           "use as system/HOST/... metrics, from rank 0's node (needs psutil)")
     a("--mlflow-parent", default=None, help=argparse.SUPPRESS)  # main_sweep.py's parent run
     a("-r", "--resume", action="store_true", help="continue from the checkpoint")
     a("--auto-resume", action="store_true",

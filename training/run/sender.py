@@ -12,6 +12,12 @@ world replaced) waits at most PAUSE_WAIT_S, quietly: the run's next tracker send
 A request waits at most MLFLOW_HTTP_REQUEST_TIMEOUT seconds (10 here unless set) and is
 not retried by MLflow itself (MLFLOW_HTTP_REQUEST_MAX_RETRIES 0 unless set): the sender's own
 retries take its place.
+
+With --mlflow-log-model the run's end also logs best.pth's model, saved as an MLflow model
+(tracking.save_model), as the run's artifact folder MODEL_NAME, registered once where asked;
+with --mlflow-system-metrics the thread starts MLflow's monitor of the node once the run is on
+the server, starts it again where it stopped (at a request that failed), and stops it at the
+run's end.
 """
 import os
 import queue
@@ -29,6 +35,7 @@ FINISH_WAIT_S = 30.0  # the longest a run's end waits for the server
 PAUSE_WAIT_S = 1.0  # the longest a pause (--stop-at, an elastic reset) waits: the next run sends it
 PARENT_WAIT_S = 15.0  # the longest main_sweep.py waits for its own run, to nest the runs under
 ABORT_WAIT_S = 5.0  # the longest a process ending on an error or a stop waits to mark its run
+MODEL_NAME = "model"  # the artifact folder of the model --mlflow-log-model logs
 LINGER_S = 300.0  # how long a sender goes on trying after its end stopped waiting for it
 live = set()  # the trackers of this process not yet closed (tracking.end_unfinished)
 busy = set()  # the senders whose thread is running (drain)
@@ -82,6 +89,8 @@ class Sender:
         self.handed = [r["epoch"] for r in history]  # epochs the tracker was given
         self.spent, self.given = 0.0, 0  # the training thread's seconds in put_rows, its rows
         self.client = None
+        self.monitor, self.watch = None, True  # the system-metrics monitor; whether it may run
+        self.model_due = getattr(tracker.args, "mlflow_log_model", False)
         self.inbox = queue.SimpleQueue()
         self.made = threading.Event()  # the run exists on the server
         self.lock, self.running, self.thread = threading.Lock(), False, None
@@ -175,6 +184,8 @@ class Sender:
                     ends.append(value)
                     give_up = time.monotonic() + finish_wait_s() + LINGER_S
             if self._sync():
+                if not ends:
+                    self._watch()
                 while ends and self._end(*ends[0][:3]):
                     ends.pop(0)[3].set()
             finished = give_up is not None and not ends
@@ -219,6 +230,29 @@ class Sender:
             self.failing = False
         self.pending = []
         return True
+
+    def _watch(self):
+        """The node's system-metrics monitor running, where asked (tracking.Tracker.system_monitor):
+        started, or started again where it stopped; said once where it cannot start."""
+        thread = getattr(self.monitor, "_process", None)
+        if not self.watch or (thread is not None and thread.is_alive()):
+            return
+        try:
+            self.monitor = self.tracker.system_monitor(self.run_id)
+        except Exception as e:
+            self.say(f"mlflow: no system metrics ({short(e)})", error=True)
+            self.monitor = None
+        self.watch = self.monitor is not None
+
+    def _unwatch(self):
+        """The monitor stopped, what it collected sent (a request's timeout at most)."""
+        self.watch = False
+        monitor, self.monitor = self.monitor, None
+        if monitor is not None:
+            try:
+                monitor.finish()
+            except Exception:  # what it had not sent is lost; the run goes on to its end
+                pass
 
     def _open(self):
         """The run to continue found, or a new one made (a run the server lacks too)."""
@@ -294,10 +328,15 @@ class Sender:
     def _end(self, status, files, tags):
         """The run's files, tags and status; False (said once) where the server did not take
         them."""
+        self._unwatch()
         try:
             for path in files:
                 where = "checkpoint" if os.path.basename(path) == "best.pth" else None
-                self.client.log_artifact(self.run_id, path, where)
+                if os.path.isdir(path):  # best.pth's model as an MLflow model
+                    self.client.log_artifacts(self.run_id, path, MODEL_NAME)
+                    self._register()
+                else:
+                    self.client.log_artifact(self.run_id, path, where)
             for k, v in tags.items():
                 self.client.set_tag(self.run_id, k, v)
             if status:
@@ -306,6 +345,15 @@ class Sender:
             self._lost(e)
             return False
         return True
+
+    def _register(self):
+        """The logged model registered, once, where --mlflow-register asks (tracking.py)."""
+        if self.model_due:
+            version = self.tracker.register(self.run_id)
+            if version is not None:
+                self.say(f"mlflow: model registered as {self.tracker.args.mlflow_register} "
+                         f"version {version}")
+        self.model_due = False
 
     def _lost(self, error):
         self.known = False  # the failed request may have reached the server

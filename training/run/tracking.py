@@ -14,8 +14,11 @@ training run, written by the process that reports; the other ranks build nothing
   run and a line saying so.
 - **What it holds**: the run's flags, the recipe as resolved, the world size, the trainer,
   MLflow's standard tags (user, source, git commit) and Slurm's job id; each epoch metrics.csv's
-  row at step = epoch; at the end metrics.csv, curves.svg and, with --mlflow-log-model, best.pth.
-  Every flag and URI it writes or prints is redacted (training/base/redact.py).
+  row at step = epoch; at the end metrics.csv, curves.svg and, with --mlflow-log-model, best.pth
+  and the model it holds as an MLflow model with its signature (save_model; --mlflow-register
+  NAME registers it). Every flag and URI it writes or prints is redacted (training/base/redact.py).
+- **--mlflow-system-metrics**: MLflow's monitor of the node (CPU, memory, disk, network, GPUs
+  where pynvml is installed) logs into the run as system/<host>/..., from its own thread.
 - **Its status**: FINISHED at the end of training, FAILED where the process ends on an error,
   KILLED on a stop signal; a run stopped by --stop-at short of --epochs stays RUNNING. A search's
   trial ends once, as Optuna ended it (end_trial), its files sent then.
@@ -28,7 +31,9 @@ MLflow is not a requirement of the trainer: it is imported only under --mlflow. 
 import atexit
 import importlib.util
 import json
+import logging
 import os
+import socket
 import subprocess
 import sys
 
@@ -51,13 +56,21 @@ def uri_of(args):
 
 
 def check_flags(args):
-    """One line, before anything runs, for a URI MLflow cannot use, MLflow not installed, or
-    --mlflow-log-model without MLflow."""
+    """One line, before anything runs, for a URI MLflow cannot use, MLflow not installed, an
+    --mlflow-* option without MLflow, --mlflow-register without --mlflow-log-model, or
+    --mlflow-system-metrics without psutil."""
     uri = uri_of(args)
     if uri is None:
-        if getattr(args, "mlflow_log_model", False):
-            raise UsageError("--mlflow-log-model logs to MLflow: add --mlflow URI")
+        for flag in ("mlflow_log_model", "mlflow_register", "mlflow_system_metrics"):
+            if getattr(args, flag, None):
+                raise UsageError(f"--{flag.replace('_', '-')} logs to MLflow: add --mlflow URI")
         return
+    if getattr(args, "mlflow_register", None) and not getattr(args, "mlflow_log_model", False):
+        raise UsageError("--mlflow-register registers the model --mlflow-log-model logs: add "
+                         "--mlflow-log-model")
+    if getattr(args, "mlflow_system_metrics", False) and importlib.util.find_spec("psutil") is None:
+        raise UsageError("--mlflow-system-metrics needs psutil, which is not installed here: "
+                         "pip install psutil")
     scheme = uri.split(":", 1)[0].split("+", 1)[0].lower() if ":" in uri else "file"
     if scheme not in SCHEMES:
         raise UsageError(f"--mlflow {redact(uri)}: not a tracking URI MLflow takes "
@@ -185,6 +198,34 @@ class Tracker:
         if not self.nests:  # main_sweep.py's run says where it is after the job's summary
             self.sender.say(f"mlflow: logging to run {run_id} at {self.shown}")
 
+    def register(self, run_id):
+        """The run's logged model (its artifact folder sender.MODEL_NAME) as a new version of
+        --mlflow-register NAME; the version's number (None without the flag)."""
+        name = getattr(self.args, "mlflow_register", None)
+        if not name:
+            return None
+        client = self.sender.client
+        try:
+            client.create_registered_model(name)
+        except Exception as e:  # another run registered it first
+            if sender.error_code(e) != "RESOURCE_ALREADY_EXISTS":
+                raise
+        source = f"{client.get_run(run_id).info.artifact_uri}/{sender.MODEL_NAME}"
+        return client.create_model_version(name, source, run_id).version
+
+    def system_monitor(self, run_id):
+        """MLflow's system-metrics monitor of this node, started, logging into the run (at the
+        step after the run's last, where it was monitored before); None without
+        --mlflow-system-metrics, and for main_sweep.py's own run."""
+        if not getattr(self.args, "mlflow_system_metrics", False) or self.nests:
+            return None
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.ERROR)  # the sender says
+        monitor = SystemMetricsMonitor(run_id, resume_logging=True, tracking_uri=self.uri,
+                                       node_id=socket.gethostname().split(".")[0])
+        monitor.start()
+        return monitor
+
     def wait_for_run(self, seconds):
         """The run's id once the server made it, waiting at most `seconds`; None if it did not."""
         return self.sender.wait_for_run(seconds)
@@ -216,8 +257,65 @@ class Tracker:
 
 
 def artifacts(folder, files, log_model):
+    """The paths of the run's files to log; with log_model, best.pth and its model as an MLflow
+    model (save_model: a folder)."""
     names = list(files) + (["best.pth"] if log_model else [])
-    return [os.path.join(folder, n) for n in names if os.path.isfile(os.path.join(folder, n))]
+    paths = [os.path.join(folder, n) for n in names if os.path.isfile(os.path.join(folder, n))]
+    if log_model and os.path.join(folder, "best.pth") in paths:
+        paths += [p for p in [save_model(folder)] if p]
+    return paths
+
+
+MODEL_DIR = "mlflow-model"  # in the run folder: best.pth's model as an MLflow model (save_model)
+
+
+def model_of(path):
+    """The model a checkpoint holds (best.pth: its state dict, the arch and class count), built
+    on the CPU in eval mode; a batch of two CIFAR inputs, float32 (2, 3, 32, 32) normalized as
+    training normalizes (data.MEAN, data.STD; two, so that the batch is not fixed at one); and
+    the signature they give: (-1, 3, 32, 32) in, the logits (-1, classes) out."""
+    from mlflow.models import infer_signature
+    import torch
+
+    import models
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    model = models.get_model(state["arch"], num_classes=state.get("num_classes", 10))
+    model.load_state_dict(state["model"])
+    model.eval()
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = model(x)
+    return model, x.numpy(), infer_signature(x.numpy(), logits.numpy())
+
+
+def save_model(folder):
+    """best.pth's model saved as an MLflow model in folder/MODEL_DIR (one saved before replaced):
+    the model, its signature and input example (model_of), in MLflow's default format for
+    PyTorch (torch.export's: a graph and its weights, no pickled code; any batch size), MLflow's
+    torch and cloudpickle pins as its requirements (none inferred: nothing is imported or
+    fetched) and the input's normalization as metadata. On the process that reports, at the end
+    of training, on the CPU, without the network. Its path, or None where it could not be saved
+    (said in one line: the run's other files go all the same)."""
+    import shutil
+    path = os.path.join(folder, MODEL_DIR)
+    try:
+        import mlflow.pytorch
+
+        from training.run import data
+        model, example, signature = model_of(os.path.join(folder, "best.pth"))
+        shutil.rmtree(path + ".tmp", ignore_errors=True)
+        mlflow.pytorch.save_model(
+            model, path + ".tmp", signature=signature, input_example=example,
+            pip_requirements=mlflow.pytorch.get_default_pip_requirements(),
+            metadata={"input_mean": list(data.MEAN), "input_std": list(data.STD)})
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(path + ".tmp", path)
+        return path
+    except Exception as e:
+        text = (str(e).strip().splitlines() or [""])[0][:200]
+        print(f"mlflow: best.pth's model was not saved as an MLflow model ({type(e).__name__}: "
+              f"{text}); best.pth is logged alone", file=sys.stderr, flush=True)
+        return None
 
 
 def parent_run(args, world_size):
