@@ -13,6 +13,7 @@ process computes on, devices.py's.
 import os
 import sys
 import time
+import traceback
 
 from sweeps.headed import headed
 from training.base.errors import RunsFailed, TrainerError, UsageError
@@ -32,25 +33,45 @@ def run_job(per_run, prepare, source, train, summarize):
     - each group's rank 0 makes `source(group index, what prepare returned)`, whose
       `take(ranks)` gives the group's next run, None once none is left, and every rank of the
       group trains it: `train(group, source or None, run, ranks)`, which returns an outcome;
+    - an error on one process outside a run ends the whole job at once (abort_job);
     - once every run has ended, world rank 0 gets every group's outcomes in one list and
       `summarize(outcomes)` says why the job failed, or None; RunsFailed then ends the job on
       every rank."""
     from mpi4py import MPI
     world = MPI.COMM_WORLD
     prepared = on_rank0(prepare)
-    take_host_share(*node_slot())
-    group, index, ranks = split(world, per_run)
-    taker = source(index, prepared) if group.Get_rank() == 0 else None
-    outcomes = []
-    while (run := group.bcast(taker.take(ranks) if taker else None)) is not None:
-        outcomes.append(train(group, taker, run, ranks))
-    wait_for_every_run(world)
-    gathered = world.gather(outcomes if group.Get_rank() == 0 else [], root=0)
-    failure = summarize([o for part in gathered for o in part]) if world.Get_rank() == 0 else None
-    failure = world.bcast(failure, root=0)
+    try:
+        take_host_share(*node_slot())
+        group, index, ranks = split(world, per_run)
+        taker = source(index, prepared) if group.Get_rank() == 0 else None
+        outcomes = []
+        while (run := group.bcast(taker.take(ranks) if taker else None)) is not None:
+            outcomes.append(train(group, taker, run, ranks))
+        wait_for_every_run(world)
+        gathered = world.gather(outcomes if group.Get_rank() == 0 else [], root=0)
+        failure = (summarize([o for part in gathered for o in part]) if world.Get_rank() == 0
+                   else None)
+        failure = world.bcast(failure, root=0)
+    except Exception as e:
+        if world.Get_size() == 1:
+            raise
+        abort_job(world, e)
     group.Free()
     if failure:
         raise RunsFailed(failure)
+
+
+def abort_job(world, e):
+    """An error on this process alone outside a run (a storage call out of retries, a bug):
+    the other processes wait for it in a collective, and at exit MPI_Finalize would wait for
+    them, so the job would hang. It is said here (one line for a TrainerError, else its
+    traceback) and MPI ends every process of the job (MPI_Abort) with its exit status."""
+    if isinstance(e, TrainerError):
+        launch.say(f"{os.path.basename(sys.argv[0])}: error (rank {world.Get_rank()}): {e}")
+    else:
+        traceback.print_exc()
+    sys.stderr.flush()
+    world.Abort(e.exit_code if isinstance(e, TrainerError) else 1)
 
 
 def on_rank0(fn):

@@ -189,12 +189,19 @@ def open_study(args):
             study.set_user_attr("space", record)
         if args.storage and "heartbeat" not in study.user_attrs:
             study.set_user_attr("heartbeat", args.heartbeat)
-        with kept.taking():  # the jobs that opened the study: each draws trials of its own
-            job = study.user_attrs.get("jobs", 0)
-            study.set_user_attr("jobs", job + 1)
+        job = store.retried(lambda: count_job(kept, study))
     trials = study.get_trials(deepcopy=False)
     kept.opened(trials)
     return len(trials), job
+
+
+def count_job(kept, study):
+    """Under the store's lock: how many jobs had opened the study before this one, which is
+    now counted among them (each draws trials of its own)."""
+    with kept.taking():
+        job = study.user_attrs.get("jobs", 0)
+        study.set_user_attr("jobs", job + 1)
+    return job
 
 
 def sampler(args, group_index, opened):
@@ -263,33 +270,37 @@ class Study:
     def take(self, ranks):
         """The group's next trial, now its own: (number, its values, the epochs it has
         reported), or None once the study holds --trials and none is running. Under the
-        store's lock, so that two groups never take one trial, nor together more than --trials."""
-        while True:
-            with launch.stops_held(), self.store.taking():
-                left = self.store.left(self.study)
-                if left is not None:  # a trial that lost its group, first
-                    trial = self.live(left)
-                elif len(self.study.get_trials(deepcopy=False)) < self.args.trials:
-                    trial = self.study.ask(distributions(self.args.search))
-                    keep_aside(trial_folder(self.args, trial.number))
-                    trial.set_user_attr("folder", trial_folder(self.args, trial.number))
-                elif (wait := self.store.wait_s(self.study)) is None:
-                    return None
-                else:
-                    trial = None
-                if trial is not None:
-                    self.store.claim(self.study, trial._trial_id)
-                    trial.set_user_attr("ranks", ranks)
-                    number, params = trial.number, trial.params
-                    done = len(self.study.get_trials(deepcopy=False)[number].intermediate_values)
-                    break
-            time.sleep(wait)
+        store's lock, so that two groups never take one trial, nor together more than --trials;
+        taken again from the start where the database dropped the lock's connection meanwhile."""
+        while isinstance(got := store.retried(lambda: self._take_locked(ranks)), float):
+            time.sleep(got)  # the study full, another group's trial still running
+        if got is None:
+            return None
+        number, params, done, resumed = got
         values = trial_values(self.args.search, params)
-        what = (f"resumes after epoch {done}" if done else "resumes" if left is not None
-                else "starts")
+        what = f"resumes after epoch {done}" if done else "resumes" if resumed else "starts"
         print(f"trial {number} {what}: " + " ".join(f"{f}={v}" for f, v in values)
               + f" in {trial_folder(self.args, number)} (ranks {ranks})", flush=True)
         return number, values, done
+
+    def _take_locked(self, ranks):
+        """One try of `take` under the lock: (number, params, epochs reported, whether it lost
+        its group before), the seconds to wait before the next try, or None."""
+        with launch.stops_held(), self.store.taking():
+            left = self.store.left(self.study)
+            if left is not None:  # a trial that lost its group, first
+                trial = self.live(left)
+            elif len(self.study.get_trials(deepcopy=False)) < self.args.trials:
+                trial = self.study.ask(distributions(self.args.search))
+                keep_aside(trial_folder(self.args, trial.number))
+                trial.set_user_attr("folder", trial_folder(self.args, trial.number))
+            else:
+                wait = self.store.wait_s(self.study)
+                return None if wait is None else float(wait)
+            self.store.claim(self.study, trial._trial_id)
+            trial.set_user_attr("ranks", ranks)
+            done = len(self.study.get_trials(deepcopy=False)[trial.number].intermediate_values)
+            return trial.number, trial.params, done, left is not None
 
     def after_epoch(self, number, epoch, history, whys):
         """Tell the study how the trial's run up to `epoch` went (`history`, its metric rows on

@@ -20,8 +20,10 @@ Two stores, after Optuna's guidance for several processes and for several machin
   under its number, from its checkpoint. A group finds nothing to take only once no trial is
   running: it waits while another group's trial might still need taking up. The database may
   go away for a while (a restart, a failover, a connection dropped while idle): every call to it
-  checks its connection first (pool_pre_ping) and is retried for up to RETRY_S seconds, so that
-  costs the job a pause, not its end.
+  checks its connection first (pool_pre_ping) and is retried for up to RETRY_S seconds
+  (CIFAR_STUDY_RETRY_S where set), so that costs the job a pause, not its end; a trial being
+  taken when the connection dropped is taken again from the start. A database away for longer
+  ends the job, every process of it (groups.abort_job).
 """
 import contextlib
 import json
@@ -231,18 +233,26 @@ class Database:
     @contextlib.contextmanager
     def taking(self):
         """An advisory lock of the database, for the whole study, held while a trial is taken:
-        the server drops it with the connection, however the process ends."""
+        the server drops it with the connection, however the process ends. Where the connection
+        is lost before the block ends, the lock may have been another group's meanwhile: the
+        error raises (connection_lost), and the caller takes again (Study.take)."""
         import sqlalchemy
         if self._engine is None:
             self._engine = sqlalchemy.create_engine(self.url, poolclass=sqlalchemy.pool.NullPool)
-        with retried(self._engine.begin) as c:
-            c.execute(sqlalchemy.text("SELECT pg_advisory_xact_lock(:key)"),
-                      {"key": _lock_key(self.folder)})
-            self._held = c
+        connection = self._engine.connect()
+        try:
+            transaction = connection.begin()
+            connection.execute(sqlalchemy.text("SELECT pg_advisory_xact_lock(:key)"),
+                               {"key": _lock_key(self.folder)})
+            self._held = connection
             try:
                 yield
             finally:
                 self._held = None
+            transaction.commit()
+        finally:
+            with contextlib.suppress(Exception):
+                connection.close()
 
     def left(self, study):
         """Under `taking`: the first trial that lost its group, now this group's: one whose
@@ -295,25 +305,31 @@ def connection_lost(e):
     while e is not None:
         if type(e).__name__ in ("OperationalError", "InterfaceError", "DisconnectionError"):
             return e
-        e = e.__cause__ or e.__context__
+        e = e.__cause__ or (None if e.__suppress_context__ else e.__context__)
     return None
 
 
 def retried(call, seconds=None, say=print):
     """call(), tried again while the database does not answer (connection_lost), waiting 0.5 s
-    and then twice as long each time up to 8 s, for `seconds` (RETRY_S) in all; then its error."""
-    deadline = time.monotonic() + (RETRY_S if seconds is None else seconds)
+    and then twice as long each time up to 8 s, for `seconds` (retry_s()) in all; then a
+    TrainerError that says so. With seconds=0, call() once, and its own error."""
+    seconds = retry_s() if seconds is None else seconds
+    deadline = time.monotonic() + seconds
     wait, said = 0.5, False
     while True:
         try:
             out = call()
         except Exception as e:
             lost = connection_lost(e)
-            if lost is None or time.monotonic() + wait > deadline:
+            if lost is None or seconds <= 0:
                 raise
+            if time.monotonic() + wait > deadline:
+                raise TrainerError(f"the study's database did not answer for {seconds:g} s "
+                                   f"({_first_line(lost)}); submit the same command again once "
+                                   "it answers: the study goes on from its checkpoints") from None
             if not said:
                 say(f"search: the study's database does not answer ({_first_line(lost)}); trying "
-                    f"again for up to {RETRY_S:g} s", flush=True)
+                    f"again for up to {seconds:g} s", flush=True)
                 said = True
             time.sleep(wait)
             wait = min(2 * wait, 8.0)
@@ -321,6 +337,11 @@ def retried(call, seconds=None, say=print):
         if said:
             say("search: the study's database answers again", flush=True)
         return out
+
+
+def retry_s():
+    """How long a call to the study's database is retried: RETRY_S, or CIFAR_STUDY_RETRY_S."""
+    return float(os.environ.get("CIFAR_STUDY_RETRY_S", RETRY_S))
 
 
 def _first_line(e):

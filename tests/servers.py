@@ -91,9 +91,10 @@ class PostgresServer:
         data = os.path.join(self.folder, "data")
         self._as_user([os.path.join(self.bin, "initdb"), "-D", data, "-U", PG_USER, "--auth=trust",
                        "--no-sync", "-E", "UTF8"], timeout)
-        self._start(timeout)
+        self.serve(timeout)
 
-    def _start(self, timeout):
+    def serve(self, timeout=60):
+        """Start the server on its port and data (made by `start`)."""
         data, log = os.path.join(self.folder, "data"), os.path.join(self.folder, "server.log")
         options = f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c fsync=off"
         self._as_user([os.path.join(self.bin, "pg_ctl"), "-D", data, "-l", log, "-o", options, "-w",
@@ -103,6 +104,19 @@ class PostgresServer:
         self._as_user([os.path.join(self.bin, "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", PG_USER,
                        name], 60)
         return f"postgresql://{PG_USER}@127.0.0.1:{self.port}/{name}"
+
+    def restart(self, down_s=0, timeout=60):
+        """Stop the server at once (as a crash or a failover does: every connection dropped),
+        leave it down for `down_s` seconds, and start it again on the same port and data."""
+        self.crash(timeout)
+        time.sleep(down_s)
+        self.serve(timeout)
+
+    def crash(self, timeout=60):
+        """Stop the server at once, every connection dropped; `restart` or `serve` brings it
+        back on the same port and data."""
+        data = os.path.join(self.folder, "data")
+        self._as_user([os.path.join(self.bin, "pg_ctl"), "-D", data, "-m", "immediate", "-w", "stop"], timeout)
 
     def stop(self):
         if self.folder is None:

@@ -1,7 +1,8 @@
 """Where a search keeps its study (sweeps/store.py): the journal file never lets a second writer
 in, however long a lock is held; and a real PostgreSQL server (tests/servers.py), on which jobs
 share a study, a trial whose group was killed is taken up by a live group under its number, and
-a job stopped by SIGTERM and submitted again ends with exactly its trials, none trained twice.
+a job stopped by SIGTERM and submitted again ends with exactly its trials, none trained twice,
+through a restart of the database; and a database gone for good ends the whole job in one line.
 """
 import os
 import re
@@ -126,7 +127,8 @@ def secrets_in(folder, *texts):
 def test_a_stopped_job_submitted_again_ends_with_its_six_trials_none_trained_twice(data_dir, tmp_path, postgres, jobs):
     # The study's URL carries a password (the server trusts 127.0.0.1 and ignores it), and the
     # job logs to an MLflow store of its own: the password is in no file the job wrote, its
-    # MLflow store included, and in no line it printed.
+    # MLflow store included, and in no line it printed. The resubmitted job sees the database
+    # restart (every connection dropped) in the middle of its trials, and goes on.
     url = postgres.database("stopped").replace("postgres@", f"postgres:{CANARY}@")
     shown = url.replace(CANARY, "***")
     ck = tmp_path / "ck"
@@ -134,7 +136,8 @@ def test_a_stopped_job_submitted_again_ends_with_its_six_trials_none_trained_twi
     from mlflow.tracking import MlflowClient
     client = MlflowClient(tracked[1])  # its artifacts here, not in MLflow's default ./mlruns
     client.create_experiment("cifar10", artifact_location=str(tmp_path / "artifacts"))
-    args = [*common_args(data_dir, ck, epochs=2), *SPACE, "--trials", 6, "--storage", url, "--heartbeat", BEAT,
+    # A heartbeat of 10 s: the 4 s the database is down below leave every trial's beat fresh.
+    args = [*common_args(data_dir, ck, epochs=2), *SPACE, "--trials", 6, "--storage", url, "--heartbeat", 10,
             *tracked]
     job = jobs(horovod_cmd(2, args, script="main_sweep.py"), env_extra=ONE_THREAD)
     wait_until(lambda: any(metrics_rows(ck / f"trial-{n}") for n in range(6)), 120, "a trial's first epoch", job)
@@ -147,6 +150,8 @@ def test_a_stopped_job_submitted_again_ends_with_its_six_trials_none_trained_twi
     left = [t.number for t in db_trials(url, ck) if t.state.name == "RUNNING"]
     assert left, first[-3000:]
     again = jobs(horovod_cmd(2, args, script="main_sweep.py"), env_extra=ONE_THREAD)
+    wait_until(lambda: re.search(r"^trial \d+ epoch 1/", again.output(), re.M), 120, "a trial's epoch", again)
+    postgres.restart(down_s=4)  # a trial reports every epoch (under a second): calls meet it down
     assert again.wait(timeout=300) == 0, again.output()[-4000:]
     r = types.SimpleNamespace(stdout=again.output())
     got = db_trials(url, ck)
@@ -163,6 +168,7 @@ def test_a_stopped_job_submitted_again_ends_with_its_six_trials_none_trained_twi
                   if "mlflow.parentRunId" not in x.data.tags)
     assert parent.data.params["storage"] == shown
     assert secrets_in(tmp_path, first, r.stdout) == []
+    assert "the study's database does not answer" in r.stdout and "answers again" in r.stdout
 
 
 def test_a_storage_that_is_not_postgresql_or_does_not_answer_is_one_line(data_dir, tmp_path):
@@ -175,3 +181,23 @@ def test_a_storage_that_is_not_postgresql_or_does_not_answer_is_one_line(data_di
             timeout=120)
     assert_one_line_error(r, "cannot reach the study's database postgresql://someone:***@127.0.0.1:", code=1)
     assert "secret" not in r.stderr + r.stdout and not (tmp_path / "ck").exists()
+
+
+def test_a_database_gone_for_good_ends_every_process_of_the_job_in_one_line(data_dir, tmp_path, postgres, jobs):
+    # Two groups; the database stops for good in the middle of their trials, and the calls are
+    # retried for 3 s here (60 s by default). The job then ends, every process of it, with the
+    # reason in one line: no group waits forever for one that met the error.
+    url = postgres.database("gone")
+    ck = tmp_path / "ck"
+    args = [*common_args(data_dir, ck, epochs=3), *SPACE, "--trials", 4, "--storage", url, "--heartbeat", 10]
+    job = jobs(horovod_cmd(2, args, script="main_sweep.py"), env_extra={**ONE_THREAD, "CIFAR_STUDY_RETRY_S": "3"})
+    wait_until(lambda: re.search(r"^trial \d+ epoch 1/", job.output(), re.M), 120, "a trial's epoch", job)
+    postgres.crash()
+    try:
+        assert job.wait(timeout=120) != 0
+    finally:
+        postgres.serve()
+    out = job.output()
+    said = r"^main_sweep.py: error \(rank \d\): the study's database did not answer for 3 s \("
+    assert re.search(said, out, re.M), out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
