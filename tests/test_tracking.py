@@ -1,12 +1,12 @@
 """--mlflow against a real MLflow tracking server (`mlflow server`, a SQLite store in a temporary
 folder, on 127.0.0.1), read back with MlflowClient: a Horovod np=2 run is one MLflow run with
 its flags and every epoch, best.pth's model (registered, with its signature, loaded back and run)
-and its node's system/... metrics; a run stopped by SIGTERM and continued by --auto-resume stays that
-run, each epoch logged once; a server down at the start or frozen mid-run holds no epoch back,
-and what it missed reaches it once; a run killed before its first checkpoint is continued, one
-stopped is KILLED, one deleted on the server replaced (system metrics on across the frozen
-server); a bad URI, or MLflow missing, is one line before any training. Runs nested under main_sweep.py's run are test_search.py's. The tests share
-one server and run on one worker (conftest.ONE_WORKER)."""
+and its node's system/... metrics; a run stopped by SIGTERM and continued by --auto-resume stays
+that run, each epoch logged once; a server down at the start or frozen mid-run (system metrics
+on) holds no epoch back, and what it missed reaches it once; a run killed before its first
+checkpoint is continued, one stopped is KILLED, one deleted on the server replaced; a bad URI,
+or MLflow missing, is one line before any training. Runs nested under main_sweep.py's run are
+test_search.py's. The tests share one server and run on one worker (conftest.ONE_WORKER)."""
 import os
 import re
 import signal
