@@ -26,6 +26,7 @@ sums the study up at the end (report.py).
 import contextlib
 import json
 import os
+import re
 import shlex
 import sys
 import time
@@ -190,9 +191,35 @@ def open_study(args):
         if args.storage and "heartbeat" not in study.user_attrs:
             study.set_user_attr("heartbeat", args.heartbeat)
         job = store.retried(lambda: count_job(kept, study))
+        if not args.storage:
+            record_forgotten(args, study)
     trials = study.get_trials(deepcopy=False)
     kept.opened(trials)
     return len(trials), job
+
+
+def record_forgotten(args, study):
+    """A study file restored from an earlier copy has forgotten the trials after it, whose
+    folders remain: each number up to the last such folder is recorded as a failed trial, so
+    that no number is handed out twice, and the folder keeps its files."""
+    import optuna
+    held = len(study.get_trials(deepcopy=False))
+    numbers = [int(m.group(1)) for name in os.listdir(args.checkpoint_dir)
+               if (m := re.fullmatch(r"trial-(\d+)", name))]
+    last = max(numbers, default=-1)
+    if last < held:
+        return
+    for number in range(held, last + 1):
+        study.add_trial(optuna.trial.create_trial(
+            state=optuna.trial.TrialState.FAIL,
+            user_attrs={"folder": trial_folder(args, number), "fail_reason": FORGOTTEN}))
+    which = f"trials {held}-{last}" if last > held else f"trial {held}"
+    print(f"{args.checkpoint_dir} holds {which}, which the study file does not (restored from "
+          "an earlier copy): recorded as failed, the folders kept", flush=True)
+
+
+# Why a trial the study file forgot failed (record_forgotten).
+FORGOTTEN = "the study file was restored from an earlier copy that predates this trial"
 
 
 def count_job(kept, study):

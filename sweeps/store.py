@@ -103,15 +103,15 @@ class Journal:
         return JournalStorage(JournalFileBackend(self.path, lock_obj=lock))
 
     def saved(self):
-        """The study's user attributes, or None where there is no file yet; refuses a file that
-        cannot be read or holds no such study, writing nothing."""
+        """The study's user attributes, or None where there is no file yet; read once this job
+        holds the study (`hold`), so that no other job appends to it meanwhile. Refuses a file
+        that cannot be read or holds no such study, leaving the file and its copy as they
+        were."""
         name = self.name
         import optuna
         if not os.path.isfile(self.path):
             return None
-        holder = safeio.holder_of(os.path.join(self.folder, HOLDER))
-        if holder is not None:  # read only once no job appends to it
-            raise self._in_use(holder)
+        self._lock()
         try:
             check_journal(self.path)
             names = optuna.get_all_study_names(self.storage())
@@ -130,6 +130,14 @@ class Journal:
     def hold(self):
         """Hold the study for this job (world rank 0, for its life), and keep a copy of the
         file as it is, before this job writes to it."""
+        self._lock()
+        if os.path.isfile(self.path):
+            with open(self.path, "rb") as f:  # read whole by `saved`: kept aside as it is
+                kept = f.read()
+            safeio.atomic_write(self.path + COPY, lambda f: f.write(kept))
+
+    def _lock(self):
+        """The study held by this job, for its life (again: nothing)."""
         os.makedirs(self.folder, exist_ok=True)
         try:
             holder = safeio.hold(os.path.join(self.folder, HOLDER), f"process {os.getpid()}")
@@ -140,10 +148,6 @@ class Journal:
             raise self._in_use(holder)
         with contextlib.suppress(FileNotFoundError):  # Optuna's, left by a process that died
             os.remove(self.path + JOURNAL_LOCK)
-        if os.path.isfile(self.path):  # read whole by `saved`: kept aside as it is
-            with open(self.path, "rb") as f:
-                kept = f.read()
-            safeio.atomic_write(self.path + COPY, lambda f: f.write(kept))
 
     def _in_use(self, holder):
         return UsageError(f"the study {self.path} is in use by another job "

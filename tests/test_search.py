@@ -46,6 +46,7 @@ from helpers import (
     wait_until,
 )
 from servers import MlflowServer, free_port
+from sweeps import search, store
 from training.base.errors import UsageError
 
 CANARY = "canary-Tk-41f0"  # a password that must reach no file and no line
@@ -212,7 +213,7 @@ def test_a_trial_whose_last_epoch_was_reported_but_not_told_ends_complete_withou
     from optuna.storages import JournalStorage
     from optuna.storages.journal import JournalFileBackend
 
-    from sweeps import search
+
     ck = tmp_path / "ck"
     job = [*common_args(data_dir, ck, epochs=2), "--search", "lr=0.02:0.08", "--trials", "1", "--ranks-per-run", "1"]
     args = parse(*job, port="sweep")
@@ -257,12 +258,13 @@ def test_bad_searches_stop_in_one_line_before_anything_is_written(data_dir, tmp_
         assert said in capsys.readouterr().err + str(refused.value), said
     # The module's study, with another space: refused by the job (mpirun -np 2), said once.
     done, args, _ = study
-    files = {p: p.read_bytes() for p in done.rglob("*") if p.is_file()}
+    # The job reads the study under its lock, whose file then names it: every other file as it was.
+    files = {p: p.read_bytes() for p in done.rglob("*") if p.is_file() and p.name != ".study.lock"}
     other = [*args[:args.index("--search")], "--search", "lr=log:0.01:1", *args[args.index("--trials"):]]
     said = bad(search_cmd(2, other))
     assert "study.journal is a study of another search space (--search lr=1e-5,0.05,1e38 " \
            "--search label-smoothing=0:0.2)" in said, said
-    assert {p: p.read_bytes() for p in done.rglob("*") if p.is_file()} == files
+    assert {p: p.read_bytes() for p in done.rglob("*") if p.is_file() and p.name != ".study.lock"} == files
 
 
 def test_a_search_without_optuna_installed_is_one_line_naming_the_fix(data_dir, tmp_path):
@@ -309,7 +311,7 @@ def test_optuna_dashboard_serves_the_study(study):
 
 
 def test_a_trials_flags_and_the_command_alone_hold_its_values_bit_for_bit():
-    from sweeps import search
+
     job = ["--arch", "lenet", "--lr", "0.1", "--checkpoint-dir", "ck", "--search", "lr=log:0.01:1",
            "--search=arch=lenet,vgg11", "--trials", "4", "--epochs", "3"]
     args = parse(*job, port="sweep")
@@ -326,7 +328,7 @@ def test_a_trials_flags_and_the_command_alone_hold_its_values_bit_for_bit():
 def test_a_new_trials_folder_left_by_a_trial_the_study_forgot_is_moved_aside(tmp_path, capsys):
     # A study file restored from its copy hands out a number again; that trial's folder is kept,
     # moved aside, so that the new trial starts afresh instead of resuming another's checkpoint.
-    from sweeps import search
+
     old = tmp_path / "trial-3"
     old.mkdir()
     (old / "ckpt.pth").write_bytes(b"x")
@@ -336,3 +338,26 @@ def test_a_new_trials_folder_left_by_a_trial_the_study_forgot_is_moved_aside(tmp
     assert f"moved to {aside[0]}" in capsys.readouterr().out
     search.keep_aside(str(tmp_path / "trial-4"))  # a folder not there: nothing to do
     assert sorted(p.name for p in tmp_path.iterdir()) == [aside[0].name]
+
+
+def test_a_study_restored_from_an_earlier_copy_hands_out_no_number_twice(data_dir, tmp_path, capsys):
+    # The copy holds trial 0; trials 1-3 ran after it (folders 1 and 3 remain). Opened again, the
+    # study records 1-3 as failed, so the next trial asked for is number 4, and the folders keep
+    # their files.
+    import optuna
+    ck = tmp_path / "ck"
+    args = parse(*common_args(data_dir, ck), "--search", "lr=0.02,0.05", "--trials", "6", port="sweep")
+    ck.mkdir()
+    study = optuna.create_study(study_name="search", storage=store.Journal(args).storage(), direction="maximize")
+    study.set_user_attr("space", search.space_record(args.search))
+    study.add_trial(optuna.trial.create_trial(value=0.5))
+    for n in (1, 3):
+        (ck / f"trial-{n}").mkdir()
+        (ck / f"trial-{n}" / "ckpt.pth").write_bytes(b"x")
+    assert search.open_study(args) == (4, 0)
+    got = optuna.load_study(study_name="search", storage=store.Journal(args).storage()).get_trials()
+    assert [t.state.name for t in got] == ["COMPLETE", "FAIL", "FAIL", "FAIL"]
+    assert {t.user_attrs["fail_reason"] for t in got[1:]} == {search.FORGOTTEN}
+    assert (ck / "trial-3" / "ckpt.pth").read_bytes() == b"x"
+    assert "holds trials 1-3, which the study file does not" in capsys.readouterr().out
+    assert (ck / "study.journal.bak").exists()
