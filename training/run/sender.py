@@ -347,12 +347,20 @@ class Sender:
         return True
 
     def _register(self):
-        """The logged model registered, once, where --mlflow-register asks (tracking.py)."""
-        if self.model_due:
+        """The logged model registered, once, where --mlflow-register asks (tracking.py). Where
+        that fails and the server answers (a store without a model registry), it is said in one
+        line and the run's end goes on; where the server does not, it is tried again."""
+        if not self.model_due:
+            return
+        name = getattr(self.tracker.args, "mlflow_register", None)
+        try:
             version = self.tracker.register(self.run_id)
-            if version is not None:
-                self.say(f"mlflow: model registered as {self.tracker.args.mlflow_register} "
-                         f"version {version}")
+        except Exception as e:
+            self.client.get_run(self.run_id)  # raises where the server is the cause
+            self.say(f"mlflow: the model was not registered as {name} ({short(e)})", error=True)
+            version = None
+        if version is not None:
+            self.say(f"mlflow: model registered as {name} version {version}")
         self.model_due = False
 
     def _lost(self, error):
