@@ -11,8 +11,8 @@ emulated time at the dilation of 16 hosts (D = 500: 50 Mbit/s of real time each)
   per doubling of N that training on this cluster sees.
 - **The probe's.** `horovodrun -np 16 python -m tools.allreduce --arch resnet18` on the same
   hosts, in real time (no dilation: it only times allreduces): its bandwidth on the ring of 2
-  hosts over the shaped rate is its efficiency, its spread is fitted over the rings of 2, 4, 8
-  and 16 hosts (each a Horovod process set).
+  hosts (tools/linkfit.py's fit) over the shaped rate is its efficiency, its spread is fitted
+  over the rings of 2, 4, 8 and 16 hosts (each a Horovod process set).
 
 The figure is the largest relative error, over the four host counts, of the training step
 predicted from the probe's figures alone (its efficiency, latency / D and spread, as
