@@ -288,10 +288,24 @@ class Database:
         """The trial's heartbeat every --heartbeat seconds, from a thread, while the block runs."""
         stop = threading.Event()
 
+        from optuna.storages import RDBStorage
+        backend = getattr(study._storage, "_backend", study._storage)  # under Optuna's cache
+
         def beat():
+            missed = None  # why the beats fail, since the first that did
             while not stop.wait(self.interval):
-                with contextlib.suppress(Exception):  # a missed beat is a late one, not an error
-                    study._storage.record_heartbeat(trial_id)
+                try:  # once: not retried, which would hold the next beat back
+                    RDBStorage.record_heartbeat(backend, trial_id)
+                except Exception as e:  # a late beat, not the trial's end: said once
+                    if missed is None:
+                        missed = _first_line(e)
+                        print(f"search: the trial's heartbeat is not recorded ({missed}); after "
+                              f"{2 * self.interval:g} s without one, another group may take "
+                              "the trial up", flush=True)
+                    continue
+                if missed is not None:
+                    missed = None
+                    print("search: the trial's heartbeat is recorded again", flush=True)
         thread = threading.Thread(target=beat, name="trial heartbeat", daemon=True)
         thread.start()
         try:
