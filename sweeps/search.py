@@ -30,6 +30,7 @@ import re
 import shlex
 import sys
 import time
+import uuid
 
 from sweeps import flags, groups, report, store
 from sweeps.headed import headed
@@ -279,6 +280,7 @@ class Study:
         quiet_optuna()
         store.quiet_heartbeat_warning()
         self.args, self.store = args, store.store_of(args)
+        self.owner = uuid.uuid4().hex  # the trial's "owner" attribute while this group has it
         self.study = optuna.load_study(study_name=self.store.name, storage=self.store.storage(),
                                        sampler=sampler(args, group_index, opened),
                                        pruner=pruner(args))
@@ -326,6 +328,7 @@ class Study:
                 return None if wait is None else float(wait)
             self.store.claim(self.study, trial._trial_id)
             trial.set_user_attr("ranks", ranks)
+            trial.set_user_attr("owner", self.owner)
             done = len(self.study.get_trials(deepcopy=False)[trial.number].intermediate_values)
             return trial.number, trial.params, done, left is not None
 
@@ -333,15 +336,25 @@ class Study:
         """Tell the study how the trial's run up to `epoch` went (`history`, its metric rows on
         the group's rank 0; `whys`, why it failed on each rank, None where it did not), and
         return what the group does next: "train" the next epoch, or the trial's end,
-        "complete", "pruned" or "failed"; "lost" where another group ended the trial (its
-        heartbeat went stale while the database was away): this group leaves it."""
+        "complete", "pruned" or "failed"; "lost" where another group took the trial up or
+        ended it (its heartbeat went stale while this group could not record it): this group
+        leaves it, its epoch untold, and trains no further epoch of it."""
         from optuna.exceptions import UpdateFinishedTrialError
         try:
-            return self._after_epoch(number, epoch, history, whys)
+            if store.retried(lambda: self.owned(number)):
+                return self._after_epoch(number, epoch, history, whys)
+            print(f"trial {number} was taken up by another group (its heartbeat went stale); "
+                  "this group leaves it", flush=True)
         except UpdateFinishedTrialError:
             print(f"trial {number} was ended by another group (its heartbeat went stale); this "
                   "group leaves it", flush=True)
-            return "lost"
+        return "lost"
+
+    def owned(self, number):
+        """Whether trial `number` is still this group's: read from the storage itself (a
+        running trial is never served from Optuna's cache)."""
+        trial_id = self.study.get_trials(deepcopy=False)[number]._trial_id
+        return self.study._storage.get_trial(trial_id).user_attrs.get("owner") == self.owner
 
     def _after_epoch(self, number, epoch, history, whys):
         from optuna.trial import TrialState

@@ -361,3 +361,22 @@ def test_a_study_restored_from_an_earlier_copy_hands_out_no_number_twice(data_di
     assert (ck / "trial-3" / "ckpt.pth").read_bytes() == b"x"
     assert "holds trials 1-3, which the study file does not" in capsys.readouterr().out
     assert (ck / "study.journal.bak").exists()
+
+
+def test_a_group_whose_trial_another_group_took_up_leaves_it_untold(data_dir, tmp_path, capsys):
+    # Two groups' views of one study: the first takes trial 0; the second takes it up (as it does
+    # once the first's heartbeat is stale). The first's next report is refused and it is told to
+    # leave; the second's epoch is reported.
+    ck = tmp_path / "ck"
+    args = parse(*common_args(data_dir, ck, epochs=3), "--search", "lr=0.02,0.05", "--trials", "1", port="sweep")
+    ck.mkdir()
+    opened = search.open_study(args)
+    first, second = search.Study(args, 0, opened), search.Study(args, 1, opened)
+    assert first.take("0")[0] == 0
+    second.live(0).set_user_attr("owner", second.owner)
+    row = [{"epoch": 1, "test_acc": 0.25}]
+    assert first.after_epoch(0, 1, row, [None]) == "lost"
+    assert "trial 0 was taken up by another group" in capsys.readouterr().out
+    assert second.study.get_trials()[0].intermediate_values == {}
+    assert second.after_epoch(0, 1, row, [None]) == "train"
+    assert second.study.get_trials()[0].intermediate_values == {1: 0.25}
