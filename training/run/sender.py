@@ -33,7 +33,7 @@ BATCH = 900  # metrics per request (MLflow takes at most 1000)
 RETRY_S = 5.0  # between tries while the server does not answer
 FINISH_WAIT_S = 30.0  # the longest a run's end waits for the server
 PAUSE_WAIT_S = 1.0  # the longest a pause (--stop-at, an elastic reset) waits: the next run sends it
-PARENT_WAIT_S = 15.0  # the longest main_sweep.py waits for its own run, to nest the runs under
+PARENT_WAIT_S = 15.0  # main_sweep.py's longest wait for its run (CIFAR_MLFLOW_PARENT_WAIT_S)
 ABORT_WAIT_S = 5.0  # the longest a process ending on an error or a stop waits to mark its run
 MODEL_NAME = "model"  # the artifact folder of the model --mlflow-log-model logs
 LINGER_S = 300.0  # how long a sender goes on trying after its end stopped waiting for it
@@ -51,6 +51,10 @@ def drain(seconds):
 
 def finish_wait_s():
     return float(os.environ.get("CIFAR_MLFLOW_WAIT_S", FINISH_WAIT_S))
+
+
+def parent_wait_s():
+    return float(os.environ.get("CIFAR_MLFLOW_PARENT_WAIT_S", PARENT_WAIT_S))
 
 
 def span(epochs):

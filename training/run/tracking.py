@@ -326,7 +326,7 @@ def parent_run(args, world_size):
     if uri_of(args) is None:
         return None, None
     tracker = Tracker(args, world_size, [], read_run_file(args.checkpoint_dir), nests=True)
-    run_id = tracker.wait_for_run(sender.PARENT_WAIT_S)
+    run_id = tracker.wait_for_run(sender.parent_wait_s())
     if run_id is None:
         print(f"mlflow: {tracker.shown} did not answer as the job started: its runs are logged "
               "as runs of their own, not nested under the job's", file=sys.stderr, flush=True)
