@@ -8,6 +8,7 @@ after another. One concern a module:
   groups       one MPI job as groups of processes, each training a Horovod run at a time, and
                the job's course, a grid's and a study's alike (run_job)
   run_queue    the queue of a sweep's runs, which groups take from
+  placement    each process's share of its host (its cores, its GPU), before any run
   headed       lines headed by their run, for runs printing side by side
   report       what a sweep and a search report: their CSV, table and PNG
 

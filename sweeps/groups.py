@@ -16,9 +16,9 @@ import time
 import traceback
 
 from sweeps.headed import headed
+from sweeps.placement import node_slot, take_host_share
 from training.base.errors import RunsFailed, TrainerError, UsageError
 from training.run import launch
-from training.run.devices import node_slot, take_host_share
 
 # Why a run failed on a rank whose collective failed because another rank of the run failed.
 RUN_PEER_FAILED = "another rank of this run failed (its error is above)"

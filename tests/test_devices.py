@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from helpers import PY, ROOT, assert_ok, probe_cmd, run
+from sweeps import placement
 from training.base.errors import UsageError
 from training.run import devices
 
@@ -114,19 +115,19 @@ def test_a_sweep_process_takes_a_gpu_by_its_slot_on_the_host(monkeypatch):
     # Slot modulo the GPUs, by the ids CUDA_VISIBLE_DEVICES shows: consecutive slots (one run's
     # group) get different GPUs while the group is no larger than the host's GPUs.
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert [devices.shared_gpu(s, 4) for s in range(6)] == ["0", "1", "2", "3", "0", "1"]
+    assert [placement.shared_gpu(s, 4) for s in range(6)] == ["0", "1", "2", "3", "0", "1"]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
-    assert [devices.shared_gpu(s, 2) for s in range(3)] == ["4", "6", "4"]
+    assert [placement.shared_gpu(s, 2) for s in range(3)] == ["4", "6", "4"]
 
 
 SHARE = """
 import os, sys, threading
-from training.run import devices
+from sweeps import placement
 early = threading.Event()
 thread = threading.Thread(target=early.wait, daemon=True)  # one that exists before the placement
 thread.start()
-slot, slots = devices.node_slot()
-devices.take_host_share(slot, slots)
+slot, slots = placement.node_slot()
+placement.take_host_share(slot, slots)
 assert os.sched_getaffinity(thread.native_id) == os.sched_getaffinity(0)  # every thread moved
 with open(f"{sys.argv[1]}/slot{slot}", "w") as f:
     print(slots, *sorted(os.sched_getaffinity(0)), file=f)

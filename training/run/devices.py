@@ -6,10 +6,8 @@ divides the host's cores between its local processes on the CPU, so they do not
 oversubscribe it, and gives the `spare` threads (Horovod's, from `other_threads()`) only the
 time that training leaves. The ports pass in their local rank and size.
 
-main_sweep.py's runs each see only their own group, whose local ranks start at 0 on every
-host, so before any run each process first narrows itself to its share of the host by its
-rank among all of the job's processes there: `take_host_share(*node_slot())`. node_slot is
-the one function here that talks to other processes (an MPI collective of the whole job).
+A sweep's processes first narrow themselves to their share of the host (sweeps/placement.py),
+which `core_share`, `ordered_cores` and `pin_process` here serve as well.
 """
 import os
 import threading
@@ -172,37 +170,3 @@ def pin_process(cores):
                 pass
         done |= tids
 
-
-def node_slot():
-    """This process's rank among the job's processes on its host, and their number (an MPI
-    collective: every process of the job calls it)."""
-    from mpi4py import MPI
-    node = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        return node.Get_rank(), node.Get_size()
-    finally:
-        node.Free()
-
-
-def take_host_share(slot, slots):
-    """Show this process only its share of the host, as a launcher's binding does, by its
-    `slot` of the `slots` processes of the job there (node_slot): on a host with several GPUs
-    one of them (shared_gpu), by CUDA_VISIBLE_DEVICES before CUDA starts; and its share of
-    the cores (core_share), every thread of it pinned there. A main_sweep.py run's port then
-    places itself within that share by hvd.local_rank(), which counts within the run's group:
-    two runs on one host would otherwise both take GPU 0 and the same cores. place() then
-    finds the process bound (launcher_bound) and keeps the share as it is."""
-    gpus = torch.cuda.device_count()  # NVML's count: CUDA is not started by it
-    if gpus > 1:
-        os.environ["CUDA_VISIBLE_DEVICES"] = shared_gpu(slot, gpus)
-    cores, _ = core_share(ordered_cores(os.sched_getaffinity(0)), slot, slots)
-    pin_process(cores)
-
-
-def shared_gpu(slot, gpus):
-    """The id (as CUDA_VISIBLE_DEVICES names it) of the GPU for `slot` of a host's processes:
-    its own where the host has one for each of them, else one it shares with as few as may be
-    (slot modulo the GPUs), so that consecutive ranks, one run's group, get different ones."""
-    shown = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = shown.split(",") if shown else [str(i) for i in range(gpus)]
-    return ids[slot % gpus]
