@@ -107,26 +107,27 @@ def run_epochs(state, worker, train_model, optimizer, scaler, schedule):
     # The MLflow run rank 0 logs to, on every worker: a later rank 0 continues it.
     state.tracking = hvd.broadcast_object(log.tracking, 0, name="tracking")
     train_loader, test_loader = worker.loaders
+    # Elastic: main.py's loop from the last commit, on the committed state
+    model, best_acc, reports = state.model, state.best_acc, world.reports
     for epoch in range(state.epoch, cli.last_epoch(args)):
         if utils.target_reached(args, log.history):  # --target-acc: an epoch reached it
             break
-        first = epoch == worker.first_epoch  # the first epoch this process trains is profiled
-        train, test, seconds = utils.train_and_test(train_model, state.model, train_loader,
-                                                    test_loader, optimizer, scaler, schedule, epoch,
-                                                    args, world, profile=first)
-        is_best, best_acc = test["acc"] > state.best_acc, max(state.best_acc, test["acc"])
-        history = log.add(epoch, train, test, seconds)
-        ckpt = checkpoints.checkpoint_state(args, state.model, optimizer, scaler, schedule,
-                                            epoch + 1, best_acc, world.size, history,
-                                            state.tracking)
+        # Elastic: profiled, the first epoch this process trains (it may join late)
+        train, test, seconds = utils.train_and_test(train_model, model, train_loader, test_loader,
+                                                    optimizer, scaler, schedule, epoch, args, world,
+                                                    profile=epoch == worker.first_epoch)
+        is_best, best_acc = test["acc"] > best_acc, max(best_acc, test["acc"])
+        history = log.add(epoch, train, test, seconds)  # the epoch's line and metrics row
+        # Elastic: the MLflow run as this world's rank 0 had it at the world's start
+        ckpt = checkpoints.checkpoint_state(args, model, optimizer, scaler, schedule, epoch + 1,
+                                            best_acc, world.size, history, state.tracking)
         with launch.stops_held():  # a stop signal waits for both
-            checkpoints.save(args, ckpt, is_best, world.reports)
-            log.write()
-        # New objects, not in-place changes: commit() keeps references.
+            checkpoints.save(args, ckpt, is_best, reports)
+            log.write()  # metrics.csv after the checkpoint that holds its rows
+        # Elastic: commit the epoch, in new objects (commit keeps references); a change of
+        # hosts raises HostsUpdatedInterrupt here, and the next world starts at the next epoch
         state.epoch, state.best_acc, state.history = epoch + 1, best_acc, history
         state.scaler, state.optimizer_state = scaler.state_dict(), True
-        # Saves the state, then raises HostsUpdatedInterrupt if the hosts changed:
-        # the epoch is kept, and the run goes on from the next one in the new world.
         state.commit()
     worker.close_log(final=True)
     return log.history

@@ -70,10 +70,10 @@ def main(argv=None):
                                                     profile=epoch == start["epoch"])
         is_best, best_acc = test["acc"] > best_acc, max(best_acc, test["acc"])
         history = log.add(epoch, train, test, seconds)  # the epoch's line and metrics row
-        state = checkpoints.checkpoint_state(args, model, optimizer, scaler, schedule, epoch + 1,
-                                             best_acc, world.size, history, log.tracking)
+        ckpt = checkpoints.checkpoint_state(args, model, optimizer, scaler, schedule, epoch + 1,
+                                            best_acc, world.size, history, log.tracking)
         with launch.stops_held():  # a stop signal waits for both
-            checkpoints.save(args, state, is_best, reports)
+            checkpoints.save(args, ckpt, is_best, reports)
             log.write()  # metrics.csv after the checkpoint that holds its rows
     log.close()
     return model, log.history

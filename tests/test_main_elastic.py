@@ -19,6 +19,7 @@ import os
 import signal
 
 from helpers import (
+    ROOT,
     UNTIL_ENDED,
     assert_states_equal,
     common_args,
@@ -212,3 +213,30 @@ def test_sigterm_to_the_driver_ends_every_worker_and_the_resume_works(data_dir, 
                                               "--stop-at", done + 1, epochs=UNTIL_ENDED)), "python")
     assert r.returncode == 0, r.stderr[-2000:]
     assert [int(x["epoch"]) for x in read_metrics(ck)] == list(range(1, done + 2))
+
+
+def epoch_loop(script):
+    """The script's lines from its epoch loop's `for` through the loop's `log.write()`, and the
+    lines above that `for` (where a comment on the loop's first line stands)."""
+    lines = open(os.path.join(ROOT, script)).read().splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith("for epoch in range("))
+    end = next(i for i in range(start, len(lines)) if lines[i].strip().startswith("log.write()"))
+    return lines[:start], lines[start:end + 1], lines[end + 1:]
+
+
+def test_the_elastic_loop_is_main_pys_loop():
+    # main_elastic.py's epochs are main.py's loop: each line it changes says why on an
+    # "# Elastic:" line at most three lines above, and the epoch is committed right after it.
+    import difflib
+    _, plain, _ = epoch_loop("main.py")
+    before, elastic, after = epoch_loop("main_elastic.py")
+    changed = 0
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, plain, elastic, autojunk=False).get_opcodes():
+        if op == "equal":
+            continue
+        changed += (i2 - i1) + (j2 - j1)
+        for j in range(j1, max(j2, j1 + 1)):  # a line taken out: the line in its place
+            above = (before + elastic)[len(before) + j - 3:len(before) + j + 1]
+            assert any(ln.lstrip().startswith("# Elastic:") for ln in above), (plain[i1:i2], elastic[j1:j2])
+    assert changed <= 10, changed
+    assert "state.commit()" in [ln.strip() for ln in after[:8]]
