@@ -97,7 +97,7 @@ def make_scaler(args, device, state=None):
 def compile_mode(args, device):
     """torch.compile's mode for --compile: on CUDA, reduce-overhead unless another is named. A
     ResNet-18 step at batch 128 takes less GPU time than its kernel launches take to issue, and
-    CUDA graphs issue them all at once (37.8k images/s against 12k eager on an H100).
+    CUDA graphs issue them all at once (docs/PERFORMANCE.md has the measured gain).
 
     Under --batches-per-allreduce > 1 the default is a mode without CUDA graphs: gradients
     accumulated over several replays of a captured backward have open upstream reports of

@@ -2,51 +2,26 @@
 CUDA, how the gradients reach its allreduce and the compression they go through, and Adasum's
 limits and LR scale. Horovod is imported only where it is used.
 
-**Settings.** Horovod reads its settings from the environment once, in hvd.init(). On CUDA the
-ports give it HOROVOD_ENABLE_ASYNC_COMPLETION=1 (`apply`, before init). Without it, Horovod marks
-a gradient's allreduce done only after a thread of its own has waited for the GPU to finish it
-(cudaEventSynchronize), so optimizer.synchronize() in every step holds the host until the GPU has
-run the whole backward and the allreduce: the host can no longer queue the next step's work while
-the GPU computes, and whatever it does between steps (Horovod's per-tensor bookkeeping, the
-update, the next forward's launches) leaves the GPU idle. With it, the completion is a CUDA event
-that the training stream waits on, and the host goes on at once. It is Horovod's own setting
-(off by default there; its XLA path turns it on); it changes when the host waits, not what is
-summed. They also give it HOROVOD_CYCLE_TIME=0.1 (ms; Horovod's own is 1): its background thread
-looks for gradients to reduce once a cycle, so a gradient ready just after a cycle waits for the
-next one, and on a GPU, where a ResNet-18 step at batch 128 takes 3 ms, a 1 ms cycle costs
-about as much as the wire. tools/scaling_model.py puts Horovod's compiled regions at 32 H100s
-at 0.84 of DDP's efficiency with a 1 ms cycle and 0.97 with 0.1 ms (docs/PERFORMANCE.md).
-The price is a background thread that wakes ten times as often, on a machine whose cores
-mostly wait for the GPU. Nothing is set on the CPU, where Horovod's collectives complete on
-the host anyway and the cores compute. A variable already in the environment is left as it
-is: HOROVOD_ENABLE_ASYNC_COMPLETION=0 or HOROVOD_CYCLE_TIME=1 restores Horovod's own.
-
-**Compression.** The gradients go through `layout.GradLayout`, which hands Horovod the contiguous
-view of a channels_last gradient, around Horovod's own fp16 compression (--fp16-allreduce) or
-none.
-
-**How gradients reach Horovod** (--grad-allreduce, `grad_path`). Horovod's DistributedOptimizer
-allreduces each gradient from a hook on its accumulator as backward produces it, so that the
-reductions run beside the rest of the backward ("hooks"). Under torch.compile those hooks fire
-only after the whole compiled backward, where they overlap nothing and cost, per tensor, a
-compression call, a request, a handle and a wait on the host (62 of each a step for
-ResNet-18). `OneAllreduce` ("one") has DistributedOptimizer's face without its hooks: after
-the backward it lays every gradient out in one flat buffer (one copy), allreduces that as one
-request, and hands each parameter its slice as its gradient, so Horovod sees one entry, with no
-fusion copies. It is the same elementwise average, so at two processes the weights equal the
-hooks' bit for bit. Accumulation over --batches-per-allreduce needs nothing of it: the passes
-add into .grad, and the step reduces once. "regions" keeps the hooks and compiles the model
-block by block (utils.compiled_regions), so each block's gradients reach Horovod when its own
-backward ends and their allreduce runs beside the blocks still to come: across hosts, where the
-wire is slow, that overlap is worth more than the hooks' host cost. `grad_path` picks: hooks
-eager, and under --compile one on a single host, regions across hosts or where the reduction
-is per tensor (--allreduce-groups, Adasum).
-
-**Adasum** (--use-adasum) combines the ranks' gradients by an adaptive sum instead of averaging
-them, so the LR is not multiplied by the number of processes, as linear scaling does for an
-average. Where Horovod runs Adasum on GPUs with NCCL, it first sums the gradients within each
-host, and the LR then scales by the processes on a host. Horovod runs Adasum on its MPI
-controller only, and at power-of-two world sizes.
+- **Settings** (`apply`, before hvd.init(), which reads them once), on CUDA only and only where
+  the environment holds none: HOROVOD_ENABLE_ASYNC_COMPLETION=1, so that a step's synchronize()
+  waits on a CUDA event in the stream instead of holding the host until the GPU has run the
+  backward; HOROVOD_CYCLE_TIME=0.1 (ms; Horovod's own is 1), since a gradient ready just after a
+  cycle waits for the next, and a GPU step takes a few ms. On the CPU the collectives complete
+  on the host anyway. docs/PERFORMANCE.md has what each is worth.
+- **Compression**: `layout.GradLayout` hands Horovod a channels_last gradient's contiguous view,
+  around Horovod's fp16 compression (--fp16-allreduce) or none.
+- **How gradients reach Horovod** (--grad-allreduce, `grad_path`): "hooks", DistributedOptimizer's
+  hook per gradient as backward makes it; "one" (`OneAllreduce`), after the backward every
+  gradient in one flat buffer and one allreduce, the same average (bitwise the hooks' at two
+  processes) without a request per tensor, for a model compiled whole, whose hooks would fire
+  only after its backward; "regions", the hooks on a model compiled block by block, so that a
+  block's allreduce runs beside the blocks still to come. `grad_path` picks hooks eager, and
+  under --compile one on a single host, regions across hosts or where the reduction is per
+  tensor (--allreduce-groups, Adasum).
+- **Adasum** (--use-adasum) sums the ranks' gradients adaptively instead of averaging them, so
+  the LR is not multiplied by the number of processes (by the processes of a host where Horovod
+  first sums within hosts, on GPUs with NCCL). Horovod's MPI controller only, at power-of-two
+  world sizes.
 """
 import contextlib
 import os
