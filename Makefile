@@ -6,7 +6,7 @@ DEMO_DIR := checkpoint/demo
 GPU_PYTHON ?= python3
 
 .PHONY: setup demo test lint gpu-check image
-# TORCH=system PYTHON=/path/to/python: use that Python's torch and torchvision (README).
+# TORCH=system PYTHON=/path/to/python: use that Python's torch and torchvision (docs/INSTALL.md).
 setup:
 	bash scripts/setup.sh
 
@@ -22,13 +22,15 @@ test: setup
 	$(PY) -m pytest -q -n 2 --durations=15 -m "not alone" tests; s=$$?; \
 	$(PY) -m pytest -q -m alone tests && exit $$s
 
-# ruff (pyproject.toml): line length, import order, unused names.
+# ruff (pyproject.toml): line length, import order, unused names. `python -m ruff` finds it in
+# .venv, or in the other Python's folders of a TORCH=system set-up.
 lint: setup
-	$(VENV)/bin/ruff check .
+	$(PY) -m ruff check .
 
-# On a GPU machine: set up against its PyTorch, then short real jobs, one line each with images/s.
+# On a GPU machine: set up against its PyTorch, then short real jobs, one line each with images/s;
+# ARGS= more flags of benchmarks/gpu/check.py (ARGS="--only TEXT").
 gpu-check:
-	@python3 -m benchmarks.gpu.check --python $(GPU_PYTHON)
+	@python3 -m benchmarks.gpu.check --python $(GPU_PYTHON) $(ARGS)
 
 # The container image (Dockerfile): BASE= another PyTorch image, CONTAINER=podman to build
 # with podman, BUILD_FLAGS= more flags for the build.

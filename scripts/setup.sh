@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One idempotent set-up (run as root, or with sudo): Open MPI and build tools from
 # Debian, .venv, and Horovod 0.28.1 built from its sdist with the fixes current
-# PyTorch, gcc and CUDA need (README, "Set-up in detail"). A second run takes seconds.
+# PyTorch, gcc and CUDA need (docs/INSTALL.md#building-horovod-0281-against-current-pytorch).
+# A second run takes seconds.
 #
 #   bash scripts/setup.sh                          # .venv with requirements.txt's pinned torch
 #   TORCH=system PYTHON=/usr/bin/python3 bash scripts/setup.sh
@@ -120,11 +121,11 @@ PY
     wanted=() need=() optional=()
     while read -r req; do
         name=${req%%[=<> ]*} && name=${name%%\[*}  # psycopg[binary]: the package psycopg
-        # ruff lints (make lint), .ci/run brings its own; kubernetes-validate checks the Kubernetes
-        # manifests (tests/test_kubernetes.py), mlflow is the tests' server (--mlflow needs only
-        # mlflow-skinny). A machine or an image that trains does without them.
+        # kubernetes-validate checks the Kubernetes manifests (tests/test_kubernetes.py), mlflow is
+        # the tests' server (--mlflow needs only mlflow-skinny). A machine or an image that trains
+        # does without them.
         case "$name" in
-            torch|torchvision|ruff|kubernetes-validate|mlflow|'') continue ;;
+            torch|torchvision|kubernetes-validate|mlflow|'') continue ;;
             mpi4py) [ "$WITH_MPI" = 1 ] || continue ;;
         esac
         wanted+=("$req")
@@ -140,9 +141,9 @@ for req in sys.argv[1:]:
 PY
 ) || die "TORCH=system: $PY could not check which requirements it has (its error is above)"
     while read -r req; do
-        # optuna serves main_sweep.py --search alone, psycopg its --storage: training goes on
-        # without them.
-        case "$req" in '') ;; optuna*|psycopg*) optional+=("$req") ;; *) need+=("$req") ;; esac
+        # optuna serves main_sweep.py --search alone, psycopg its --storage, ruff `make lint`:
+        # training goes on without them.
+        case "$req" in '') ;; optuna*|psycopg*|ruff*) optional+=("$req") ;; *) need+=("$req") ;; esac
     done <<< "$absent"
     if [ ${#need[@]} -gt 0 ]; then
         log "installing what $PYTHON lacks: ${need[*]}"
@@ -150,7 +151,7 @@ PY
     fi
     for req in ${optional[@]+"${optional[@]}"}; do
         "${PIP[@]}" "$req" 2>/dev/null \
-            || log "$req is not installed (pip found no copy): main_sweep.py --search needs optuna, its --storage psycopg; the rest runs without them"
+            || log "$req is not installed (pip found no copy): main_sweep.py --search needs optuna, its --storage psycopg, make lint ruff; the rest runs without them"
     done
 else
     if [ ! -x "$PY" ]; then

@@ -59,7 +59,8 @@ def build_parser(doc):
            "larger batches, for a GPU; recipe.py); a flag given keeps its own value "
            "(default: %(default)s)")
     a("--lr", type=float, default=None,
-      help=f"base learning rate per process (default: {RECIPE['lr']} on a fresh run, "
+      help=f"base learning rate per process, which the ports multiply by the number of processes "
+           f"and --batches-per-allreduce (default: {RECIPE['lr']} on a fresh run, "
            f"{FAST['lr']} with --recipe fast; with --resume, the checkpoint's schedule continues "
            "unless --lr is given, which restarts the cosine from this value over the remaining "
            "epochs)")
@@ -99,7 +100,9 @@ def build_parser(doc):
       help="real CIFAR-10, or generated CIFAR-format data (default: %(default)s)")
     a("--synthetic-size", type=int, default=5000,
       help="training images of --dataset synthetic; test gets a fifth (default: %(default)s)")
-    a("--download", action="store_true", help="download CIFAR-10 into --data-dir if missing")
+    a("--download", action="store_true",
+      help="download CIFAR-10 (163 MB) into --data-dir where it is missing, as a fresh clone's "
+           "first run needs")
     a("--loader", choices=("device", "torchvision"), default="device",
       help="device: dataset held on the training device, batched augmentation; "
            "torchvision: PIL transforms in DataLoader workers (default: %(default)s)")
@@ -166,6 +169,8 @@ def add_distributed_args(p, title="distributed"):
     """The flags both ports have, with one meaning (main_horovod.py, main_elastic.py,
     main_ddp.py)."""
     g = p.add_argument_group(title)
+    g.description = ("The LR is --lr x the number of processes x --batches-per-allreduce, reached\n"
+                     "over --warmup-epochs (Goyal et al. 2017).")
     g.add_argument("--warmup-epochs", type=float, default=RECIPE["warmup_epochs"],
                    help="ramp the LR per batch from --lr to the scaled LR over this many epochs "
                         "(Goyal et al. 2017) (default: %(default)s)")
@@ -174,14 +179,14 @@ def add_distributed_args(p, title="distributed"):
                         "(default: %(default)s)")
     g.add_argument("--sync-bn", action="store_true",
                    help="BatchNorm statistics over all ranks (hvd.SyncBatchNorm, "
-                        "torch.nn.SyncBatchNorm under DDP)")
+                        "torch.nn.SyncBatchNorm under DDP); CUDA only")
     return g
 
 
 def add_horovod_args(p):
     """The Horovod port's flags (main_horovod.py, main_elastic.py): the shared ones and its own."""
     g = add_distributed_args(p, "Horovod")
-    g.description = ("On CUDA, Horovod starts with HOROVOD_ENABLE_ASYNC_COMPLETION=1 and\n"
+    g.description += ("\nOn CUDA, Horovod starts with HOROVOD_ENABLE_ASYNC_COMPLETION=1 and\n"
                      "HOROVOD_CYCLE_TIME=0.1 unless the environment sets them: a step's allreduce\n"
                      "then completes as a CUDA event the training stream waits on, not in a wait\n"
                      "that holds the host, and a gradient waits at most 0.1 ms for Horovod's next\n"
@@ -190,7 +195,10 @@ def add_horovod_args(p):
     g.add_argument("--fp16-allreduce", action="store_true",
                    help="compress gradients to float16 for the allreduce")
     g.add_argument("--use-adasum", action="store_true",
-                   help="combine gradients with Adasum instead of averaging")
+                   help="combine gradients with Adasum instead of averaging; needs Horovod's MPI "
+                        "controller (mpirun, horovodrun --mpi), a power-of-two number of processes "
+                        "and, with --amp, --amp-dtype bfloat16; the LR is then multiplied by the "
+                        "local size on GPUs with NCCL, else by 1")
     g.add_argument("--allreduce-groups", type=int, default=None, metavar="N",
                    help="allreduce the gradients in N grouped requests per step instead of one per "
                         "tensor (DistributedOptimizer's groups; default: one per tensor)")
