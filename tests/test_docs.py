@@ -470,7 +470,7 @@ def headings(path):
 
 def test_every_section_the_docs_and_the_code_point_at_exists():
     """Links to a page's section (FILE.md#anchor, #anchor), and the code's comments that name
-    one: docs/FILE.md#anchor, or (README, "Heading")."""
+    one: a docs page and its anchor, or README and a quoted heading."""
     wrong = []
     for page in PAGES:
         for target in re.findall(r"\]\(([^)\s]*#[^)\s]+)\)", read(page)):
