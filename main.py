@@ -18,10 +18,10 @@ import utils
 
 def main(argv=None):
     args = cli.parse_args(cli.build_parser(__doc__), argv)
-    device = devices.place()
+    device = devices.take_device()
     world = utils.World()  # one process: rank 0 of 1, its metric sums its own
     launch.stop_on(args.stop_signal)  # a scheduler's warning signal, as SIGTERM
-    reports = world.reports
+    reports = world.is_rank0
 
     rundir.preflight(args, reports)
     data.prepare(args)
@@ -31,8 +31,8 @@ def main(argv=None):
     model = utils.build_model(args, device)
     optimizer = utils.make_optimizer(model, args)
     start = checkpoints.restore(args, model, optimizer)
-    scaler = utils.make_scaler(args, device, start["scaler"])
-    schedule = utils.make_schedule(args, start["schedule"], world.lr_scale)
+    scaler = utils.make_scaler(args, device, start.scaler)
+    schedule = utils.make_schedule(args, start.schedule, world.lr_scale)
     train_model = utils.training_model(args, model, optimizer, world)
 
     if args.evaluate:
@@ -41,15 +41,15 @@ def main(argv=None):
         return model, test
 
     rundir.hold(args, reports)  # from here on, this run writes into its folder
-    log = runlog.RunLog(args, reports, world.size, start["history"], start["epoch"],
-                        start["tracking"])
-    best_acc = start["best_acc"]
-    for epoch in range(start["epoch"], cli.last_epoch(args)):
+    log = runlog.RunLog(args, reports, world.size, start.history, start.epoch,
+                        start.tracking)
+    best_acc = start.best_acc
+    for epoch in range(start.epoch, cli.last_epoch(args)):
         if utils.target_reached(args, log.history):  # --target-acc: an epoch reached it
             break
         train, test, seconds = utils.train_and_test(train_model, model, train_loader, test_loader,
                                                     optimizer, scaler, schedule, epoch, args, world,
-                                                    profile=epoch == start["epoch"])
+                                                    profile=epoch == start.epoch)
         is_best, best_acc = test["acc"] > best_acc, max(best_acc, test["acc"])
         history = log.add(epoch, train, test, seconds)  # the epoch's line and metrics row
         ckpt = checkpoints.checkpoint_state(args, model, optimizer, scaler, schedule, epoch + 1,

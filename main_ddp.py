@@ -25,12 +25,12 @@ def main(argv=None):
     # DDP: its flags; a GPU, or a share of the cores, for each process on its host, placed before
     # the job is joined (torchrun's, or one of its own); metric sums and the LR over its size.
     args = cli.parse_args(cli.add_ddp_args(cli.build_parser(__doc__)), argv)
-    device = devices.place(*launch.torchrun_local())
+    device = devices.take_device(*launch.torchrun_local())
     process_group.join_job(device)
     world = utils.World.of(args, rank=dist.get_rank(), size=dist.get_world_size(), no_sync=True,
                            allreduce=process_group.summed_copy(dist.all_reduce))
     launch.stop_on(args.stop_signal)  # a scheduler's warning signal, as SIGTERM
-    reports = world.reports
+    reports = world.is_rank0
 
     rundir.preflight(args, reports)
     data.prepare(args)
@@ -44,8 +44,8 @@ def main(argv=None):
     optimizer = utils.make_optimizer(model, args)
     # DDP: every rank reads the checkpoint.
     start = checkpoints.restore(args, model, optimizer, reports)
-    scaler = utils.make_scaler(args, device, start["scaler"])
-    schedule = utils.make_schedule(args, start["schedule"], world.lr_scale)
+    scaler = utils.make_scaler(args, device, start.scaler)
+    schedule = utils.make_schedule(args, start.schedule, world.lr_scale)
     # DDP: gradients averaged during backward; the wrapper, not the model, compiled (--compile).
     train_model = utils.training_model(args, model, optimizer, world,
                                        wrap=process_group.distributed_model)
@@ -56,15 +56,15 @@ def main(argv=None):
         return model, test
 
     rundir.hold(args, reports)  # from here on, this run writes into its folder
-    log = runlog.RunLog(args, reports, world.size, start["history"], start["epoch"],
-                        start["tracking"])
-    best_acc = start["best_acc"]
-    for epoch in range(start["epoch"], cli.last_epoch(args)):
+    log = runlog.RunLog(args, reports, world.size, start.history, start.epoch,
+                        start.tracking)
+    best_acc = start.best_acc
+    for epoch in range(start.epoch, cli.last_epoch(args)):
         if utils.target_reached(args, log.history):  # --target-acc: an epoch reached it
             break
         train, test, seconds = utils.train_and_test(train_model, model, train_loader, test_loader,
                                                     optimizer, scaler, schedule, epoch, args, world,
-                                                    profile=epoch == start["epoch"])
+                                                    profile=epoch == start.epoch)
         is_best, best_acc = test["acc"] > best_acc, max(best_acc, test["acc"])
         history = log.add(epoch, train, test, seconds)  # the epoch's line and metrics row
         ckpt = checkpoints.checkpoint_state(args, model, optimizer, scaler, schedule, epoch + 1,

@@ -47,14 +47,14 @@ def main(argv=None):
         model = hvd_port.replace_batchnorm(model, hvd.SyncBatchNorm)
     optimizer = hvd_port.distributed_optimizer(args, model, utils.make_optimizer(model, args))
     start, error = first_start(args, model, optimizer)
-    scaler = utils.make_scaler(args, device, start["scaler"])
-    schedule = utils.make_schedule(args, start["schedule"])  # scaled in each world
+    scaler = utils.make_scaler(args, device, start.scaler)
+    schedule = utils.make_schedule(args, start.schedule)  # scaled in each world
     state = ElasticState(
         model=model, optimizer=optimizer,
-        epoch=start["epoch"],  # the next epoch; with the seed, it fixes data order and augmentation
-        best_acc=start["best_acc"], history=start["history"], schedule=schedule.state_dict(),
-        scaler=scaler.state_dict(), optimizer_state=start["optimizer_state"], error=error,
-        tracking=start["tracking"])
+        epoch=start.epoch,  # the next epoch; with the seed, it fixes data order and augmentation
+        best_acc=start.best_acc, history=start.history, schedule=schedule.state_dict(),
+        scaler=scaler.state_dict(), optimizer_state=start.optimizer_state, error=error,
+        tracking=start.tracking)
     worker.reset()
     state.register_reset_callbacks([worker.reset])
     train_model = utils.training_model(args, model, optimizer)
@@ -92,7 +92,7 @@ def run_epochs(state, worker, train_model, optimizer, scaler, schedule):
     again after a change of the world. Here every worker holds rank 0's committed state."""
     args, world = worker.args, worker.world
     if state.error is not None:
-        if world.reports or isinstance(state.error, UsageError):
+        if world.is_rank0 or isinstance(state.error, UsageError):
             raise state.error  # a usage error is printed by rank 0 alone
         raise TrainerError("stopping because rank 0 could not start the run (its error is above)")
     if not state.optimizer_state:
@@ -108,7 +108,7 @@ def run_epochs(state, worker, train_model, optimizer, scaler, schedule):
     state.tracking = hvd.broadcast_object(log.tracking, 0, name="tracking")
     train_loader, test_loader = worker.loaders
     # Elastic: main.py's loop from the last commit, on the committed state
-    model, best_acc, reports = state.model, state.best_acc, world.reports
+    model, best_acc, reports = state.model, state.best_acc, world.is_rank0
     for epoch in range(state.epoch, cli.last_epoch(args)):
         if utils.target_reached(args, log.history):  # --target-acc: an epoch reached it
             break
@@ -177,12 +177,12 @@ class Worker:
         """This world begins training at `epoch` with the committed history: its RunLog."""
         if self.first_epoch is None:
             self.first_epoch = epoch
-        if self.world.reports and self.size not in (None, self.world.size):
+        if self.world.is_rank0 and self.size not in (None, self.world.size):
             print(f"elastic: world size {self.size} -> {self.world.size}; "
                   f"continuing at epoch {epoch + 1}", flush=True)
         self.size = self.world.size
         self.close_log()
-        self.log = runlog.RunLog(self.args, self.world.reports, self.world.size, history, epoch,
+        self.log = runlog.RunLog(self.args, self.world.is_rank0, self.world.size, history, epoch,
                                  tracking)
         return self.log
 

@@ -26,12 +26,12 @@ def main(argv=None):
     args = cli.parse_args(cli.add_horovod_args(cli.build_parser(__doc__)), argv)
     hvd_port.apply()
     hvd.init()
-    device = devices.place(hvd.local_rank(), hvd.local_size(), spare=devices.other_threads())
+    device = devices.take_device(hvd.local_rank(), hvd.local_size(), spare=devices.other_threads())
     world = utils.World.of(args, rank=hvd.rank(), size=hvd.size(), lr_size=hvd_port.lr_size(args),
                            allreduce=lambda t: hvd.allreduce(t, op=hvd.Sum),
                            grad_path=hvd_port.grad_path(args))
     launch.stop_on(args.stop_signal)  # a scheduler's warning signal, as SIGTERM
-    reports = world.reports
+    reports = world.is_rank0
 
     rundir.preflight(args, reports)
     data.prepare(args)
@@ -46,11 +46,11 @@ def main(argv=None):
                                                world.grad_path)
     start = checkpoints.restore(args, model, optimizer) if reports else None
     start = hvd.broadcast_object(start, name="start")
-    if start["optimizer_state"]:
+    if start.optimizer_state:
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    scaler = utils.make_scaler(args, device, start["scaler"])
-    schedule = utils.make_schedule(args, start["schedule"], world.lr_scale)
+    scaler = utils.make_scaler(args, device, start.scaler)
+    schedule = utils.make_schedule(args, start.schedule, world.lr_scale)
     train_model = utils.training_model(args, model, optimizer, world)
 
     if args.evaluate:
@@ -59,15 +59,15 @@ def main(argv=None):
         return model, test
 
     rundir.hold(args, reports)  # from here on, this run writes into its folder
-    log = runlog.RunLog(args, reports, world.size, start["history"], start["epoch"],
-                        start["tracking"])
-    best_acc = start["best_acc"]
-    for epoch in range(start["epoch"], cli.last_epoch(args)):
+    log = runlog.RunLog(args, reports, world.size, start.history, start.epoch,
+                        start.tracking)
+    best_acc = start.best_acc
+    for epoch in range(start.epoch, cli.last_epoch(args)):
         if utils.target_reached(args, log.history):  # --target-acc: an epoch reached it
             break
         train, test, seconds = utils.train_and_test(train_model, model, train_loader, test_loader,
                                                     optimizer, scaler, schedule, epoch, args, world,
-                                                    profile=epoch == start["epoch"])
+                                                    profile=epoch == start.epoch)
         is_best, best_acc = test["acc"] > best_acc, max(best_acc, test["acc"])
         history = log.add(epoch, train, test, seconds)  # the epoch's line and metrics row
         ckpt = checkpoints.checkpoint_state(args, model, optimizer, scaler, schedule, epoch + 1,

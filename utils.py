@@ -62,7 +62,7 @@ class World:
                    batches_per_allreduce=args.batches_per_allreduce, **fields)
 
     @property
-    def reports(self):
+    def is_rank0(self):
         """Whether this rank reports: prints, and writes the run's files (rank 0)."""
         return self.rank == 0
 
@@ -83,7 +83,7 @@ def make_optimizer(model, args):
     one kernel per step instead of a few per tensor group. Without --compile, torch's SGD
     without the import of torch's compiler that it makes only to be traced (eager_sgd.py)."""
     make = torch.optim.SGD if args.compile else eager_sgd.sgd
-    return make(model.parameters(), lr=0.0, momentum=recipe.of(args)["momentum"],
+    return make(model.parameters(), lr=0.0, momentum=recipe.chosen(args)["momentum"],
                 nesterov=args.nesterov, weight_decay=args.weight_decay, fused=True)
 
 
@@ -124,7 +124,7 @@ def training_model(args, model, optimizer, world=World(), wrap=None):
     eager, outside any captured graph, and so does an epoch's last, smaller batch
     (FullBatchesCompiled)."""
     device = next(model.parameters()).device
-    if layout.wanted(args, device):
+    if layout.use_channels_last(args, device):
         layout.channels_last(model, optimizer)
     if wrap is not None:
         model = wrap(model)
@@ -215,7 +215,7 @@ def make_schedule(args, saved, scale=1.0):
     checkpoints' start), the flags' shape, epochs and warm-up, the recipe's one-cycle peak, the
     port's LR scale."""
     return LRSchedule(**saved, epochs=args.epochs, scale=scale, warmup_epochs=args.warmup_epochs,
-                      shape=args.lr_schedule, peak=recipe.of(args)["onecycle_peak"])
+                      shape=args.lr_schedule, peak=recipe.chosen(args)["onecycle_peak"])
 
 
 # ============================================================================
@@ -225,7 +225,7 @@ def make_loaders(args, train, test, device, world=World()):
     """This rank's (train, test) loaders. A training batch holds the images of all
     of a step's backward passes (--batches-per-allreduce)."""
     per_step, rank, size = args.batch_size * world.batches_per_allreduce, world.rank, world.size
-    pad = recipe.of(args)["crop_padding"]
+    pad = recipe.chosen(args)["crop_padding"]
     if args.loader == "torchvision":
         return (loaders.torchvision_loader(*train, per_step, train=True, rank=rank, size=size,
                                            seed=args.seed, workers=args.workers, pad=pad),
@@ -233,7 +233,7 @@ def make_loaders(args, train, test, device, world=World()):
                                            size=size, workers=args.workers))
     dtype = torch.bfloat16 if args.amp and args.amp_dtype == "bfloat16" else torch.float32
     common = dict(rank=rank, size=size, seed=args.seed, device=device, dtype=dtype,
-                  channels_last=layout.wanted(args, device), pad=pad)
+                  channels_last=layout.use_channels_last(args, device), pad=pad)
     return (loaders.DeviceLoader(*train, per_step, train=True, cutout=args.cutout, **common),
             loaders.DeviceLoader(*test, args.batch_size, train=False, **common))
 
@@ -313,7 +313,7 @@ def train_epoch(model, loader, optimizer, scaler, schedule, epoch, args, world=W
     steps = len(loader)
     lr = schedule(epoch)
     desc = f"epoch {epoch + 1}"
-    progress = Progress(world.reports)
+    progress = Progress(world.is_rank0)
     bar = progress.bar(steps, desc)
     # --profile-steps beyond the epoch's length profiles the whole epoch.
     profiler = PhaseTimer(min(args.profile_steps, steps) if profile else 0, device)
@@ -387,7 +387,7 @@ def evaluate(model, loader, args, world=World()):
     device = next(model.parameters()).device
     fmt = layout.memory_format(args, device)
     stats = torch.zeros(3, dtype=torch.float64, device=device)
-    bar = Progress(world.reports).bar(len(loader), "test")
+    bar = Progress(world.is_rank0).bar(len(loader), "test")
     for x, y in loader:
         x, y = x.to(device, non_blocking=True, memory_format=fmt), y.to(device, non_blocking=True)
         with _autocast(args, device):

@@ -6,7 +6,7 @@ after another. One concern a module:
   sweep        --sweep: a grid of runs, queued on the groups
   search       --search: an Optuna study over the groups, with pruning
   groups       one MPI job as groups of processes, each training a Horovod run at a time, and
-               the job's course, a grid's and a study's alike (run_job)
+               the job's course (run_job), which a grid and a study each say (Job)
   run_queue    the queue of a sweep's runs, which groups take from
   placement    each process's share of its host (its cores, its GPU), before any run
   headed       lines headed by their run, for runs printing side by side

@@ -6,9 +6,9 @@ mpi4py splits MPI.COMM_WORLD into groups of --ranks-per-run consecutive ranks (`
 communicator (`run_in_group`): its collectives stay within its ranks, and a run that fails
 ends alone. A process whose group has no run left waits for the others without keeping a core
 busy (`wait_for_every_run`). Horovod's gloo controller has no communicator to split
-(`check_controller`). `run_job` is the job's course, a grid's and a study's alike; which run a
-group takes next is run_queue.py's (a sweep) or search.py's (a study); which share of its host a
-process computes on, devices.py's.
+(`check_controller`). `run_job` is the job's course, a grid's and a study's alike: each is a
+`Job` (sweep.GridJob, search.StudyJob); which run a group takes next is run_queue.py's (a sweep)
+or search.py's (a study); which share of its host a process computes on, placement.py's.
 """
 import os
 import sys
@@ -24,33 +24,51 @@ from training.run import launch
 RUN_PEER_FAILED = "another rank of this run failed (its error is above)"
 
 
-def run_job(per_run, prepare, source, train, summarize):
-    """One job's course, on every process, once the job's checks have passed:
+class Job:
+    """What a main_sweep.py job does on its groups: a grid (sweep.GridJob) and a study
+    (search.StudyJob) each say it, and run_job runs it."""
+    per_run = 1  # the processes of each group
 
-    - world rank 0 runs `prepare()` (the queue reset, the study opened); what it returns, or the
-      TrainerError it raised, reaches every rank, and the error ends the job on every rank;
-    - each process narrows itself to its share of its host and joins its group of `per_run`;
-    - each group's rank 0 makes `source(group index, what prepare returned)`, whose
-      `take(ranks)` gives the group's next run, None once none is left, and every rank of the
-      group trains it: `train(group, source or None, run, ranks)`, which returns an outcome;
-    - an error on one process outside a run ends the whole job at once (abort_job);
-    - once every run has ended, world rank 0 gets every group's outcomes in one list and
-      `summarize(outcomes)` says why the job failed, or None; RunsFailed then ends the job on
-      every rank."""
+    def prepare(self):
+        """World rank 0, before any work (the queue reset, the study opened): what every rank
+        gets; a TrainerError raised here ends the job on every rank."""
+
+    def source(self, index, prepared):
+        """On each group's rank 0 (group `index`): where the group takes its runs from, whose
+        take(ranks) gives the group's next run, None once none is left."""
+        raise NotImplementedError
+
+    def train(self, group, source, run, ranks):
+        """Every rank of the group trains `run` (`source` on the group's rank 0, else None);
+        returns its outcome."""
+        raise NotImplementedError
+
+    def summarize(self, outcomes):
+        """World rank 0, once every run has ended, with every group's outcomes: why the job
+        failed, or None."""
+
+
+def run_job(job):
+    """A Job's course, on every process, once the job's checks have passed: world rank 0
+    prepares; each process narrows itself to its share of its host and joins its group of
+    job.per_run; each group's rank 0 takes runs from its source and every rank of the group
+    trains each; world rank 0 sums up every outcome, and RunsFailed ends the job on every rank
+    where that says it failed. An error on one process outside a run ends the whole job at once
+    (abort_job)."""
     from mpi4py import MPI
     world = MPI.COMM_WORLD
-    prepared = on_rank0(prepare)
+    prepared = on_rank0(job.prepare)
     try:
         take_host_share(*node_slot())
-        group, index, ranks = split(world, per_run)
-        taker = source(index, prepared) if group.Get_rank() == 0 else None
+        group, index, ranks = split(world, job.per_run)
+        source = job.source(index, prepared) if group.Get_rank() == 0 else None
         outcomes = []
-        while (run := group.bcast(taker.take(ranks) if taker else None)) is not None:
-            outcomes.append(train(group, taker, run, ranks))
+        while (run := group.bcast(source.take(ranks) if source else None)) is not None:
+            outcomes.append(job.train(group, source, run, ranks))
         wait_for_every_run(world)
         gathered = world.gather(outcomes if group.Get_rank() == 0 else [], root=0)
-        failure = (summarize([o for part in gathered for o in part]) if world.Get_rank() == 0
-                   else None)
+        failure = (job.summarize([o for part in gathered for o in part])
+                   if world.Get_rank() == 0 else None)
         failure = world.bcast(failure, root=0)
     except Exception as e:
         if world.Get_size() == 1:
@@ -92,9 +110,9 @@ def on_rank0(fn):
     return out
 
 
-def nested(args, argv):
-    """main_sweep.py's MLflow run, where --mlflow asks for one (tracking.parent_run): (its
-    Tracker on world rank 0, else None; argv with --mlflow-parent for every run or trial)."""
+def nested(args):
+    """main_sweep.py's MLflow run, where --mlflow asks for one (tracking.parent_run), every run
+    or trial of this process nested under it: its Tracker on world rank 0, else None."""
     from mpi4py import MPI
 
     from training.run import tracking
@@ -103,9 +121,8 @@ def nested(args, argv):
     def start():
         parent["tracker"], run_id = tracking.parent_run(args, MPI.COMM_WORLD.Get_size())
         return run_id
-    run_id = on_rank0(start)
-    argv = list(sys.argv[1:] if argv is None else argv)
-    return parent.get("tracker"), argv + ["--mlflow-parent", run_id] if run_id else argv
+    tracking.nest_runs_under(on_rank0(start))
+    return parent.get("tracker")
 
 
 def check_controller(flag="--sweep"):

@@ -26,7 +26,7 @@ def take_host_share(slot, slots):
     one of them (shared_gpu), by CUDA_VISIBLE_DEVICES before CUDA starts; and its share of the
     cores (devices.core_share), every thread of it pinned there. A run's port then places itself
     within that share by hvd.local_rank(), which counts within the run's group: two runs on one
-    host would otherwise both take GPU 0 and the same cores. devices.place() then finds the
+    host would otherwise both take GPU 0 and the same cores. devices.take_device() then finds the
     process bound (devices.launcher_bound) and keeps the share as it is."""
     gpus = torch.cuda.device_count()  # NVML's count: CUDA is not started by it
     if gpus > 1:

@@ -69,7 +69,7 @@ def trial_argv(args, argv, number, values, epoch):
 def alone_argv(args, argv, values, folder):
     """The flags that retrain a trial alone with main_horovod.py, in `folder`: the job's, less
     its folder, the flags the trial sets and the job's MLflow run, then the trial's values."""
-    replaced = ["--checkpoint-dir", "--mlflow-parent", *(f"--{flag}" for flag, _ in values)]
+    replaced = ["--checkpoint-dir", *(f"--{flag}" for flag, _ in values)]
     kept = flags.without(flags.run_flags(argv), replaced)
     return [*kept, *(f"--{flag}={value}" for flag, value in values), "--checkpoint-dir", folder]
 
@@ -88,9 +88,7 @@ def space_text(record):
 
 def run(main, args, argv):
     """main_sweep.py --search: every check first (check_search), then the job's course
-    (groups.run_job): the study file opened on world rank 0 (open_study), each group training
-    trials from the study until it holds --trials and none is left running (train_trial each),
-    and world rank 0 summing the study up (summarize); RunsFailed where no trial completed."""
+    (groups.run_job of a StudyJob); RunsFailed where no trial completed."""
     from mpi4py import MPI
     try:
         import optuna  # noqa: F401
@@ -98,22 +96,37 @@ def run(main, args, argv):
         raise UsageError("--search needs optuna, which this environment lacks: run `make setup` "
                          "where pip reaches a package index, or `pip install optuna`") from None
     per_run = check_search(args, argv, MPI.COMM_WORLD.Get_size())
-    parent, argv = groups.nested(args, argv)  # the search's MLflow run, with --mlflow
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parent = groups.nested(args)  # the search's MLflow run, with --mlflow
+    groups.run_job(StudyJob(main, args, argv, per_run, parent))
 
-    def train(group, study, trial, ranks):
-        train_trial(main, args, argv, group, study, *trial)
 
-    def failure(outcomes):
-        completed = summarize(args, argv, per_run)
-        if parent is not None:
-            parent.finish(args.checkpoint_dir, files=("search.csv", "search.svg"))
+class StudyJob(groups.Job):
+    """The search's course: the study opened on world rank 0 (open_study), each group training
+    trials from it until it holds --trials and none is left running (train_trial each), and
+    world rank 0 summing the study up (summarize)."""
+
+    def __init__(self, main, args, argv, per_run, parent):
+        self.main, self.args, self.argv = main, args, argv
+        self.per_run, self.parent = per_run, parent
+
+    def prepare(self):
+        return open_study(self.args)
+
+    def source(self, index, prepared):
+        return Study(self.args, index, prepared)
+
+    def train(self, group, study, trial, ranks):
+        train_trial(self.main, self.args, self.argv, group, study, *trial)
+
+    def summarize(self, outcomes):
+        completed = summarize(self.args, self.argv, self.per_run)
+        if self.parent is not None:
+            self.parent.finish(self.args.checkpoint_dir, files=("search.csv", "search.svg"))
         if not completed:
-            return (f"none of the {args.trials} trials completed (their errors are above, and "
-                    f"their rows in {os.path.join(args.checkpoint_dir, 'search.csv')})")
+            return (f"none of the {self.args.trials} trials completed (their errors are above, "
+                    f"and their rows in {os.path.join(self.args.checkpoint_dir, 'search.csv')})")
         return None
-
-    groups.run_job(per_run, lambda: open_study(args),
-                   lambda index, opened: Study(args, index, opened), train, failure)
 
 
 def check_search(args, argv, processes):

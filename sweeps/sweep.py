@@ -23,6 +23,7 @@ last finished epoch.
 """
 import itertools
 import os
+import sys
 
 from sweeps import flags, groups, report
 from sweeps.run_queue import RunQueue
@@ -57,21 +58,42 @@ def run_argv(args, argv, name, combo):
 
 def run(main, args, argv):
     """main_sweep.py --sweep: every check first (check_sweep), then the job's course
-    (groups.run_job): the queue reset, each group training runs from it until none is left
-    (train_in_group each), and world rank 0 writing the summary of every run's outcome
-    (summarize); RunsFailed where a run failed."""
+    (groups.run_job of a GridJob); RunsFailed where a run failed."""
     from mpi4py import MPI
     runs, per_run = check_sweep(args, argv, MPI.COMM_WORLD.Get_size())
-    parent, argv = groups.nested(args, argv)  # the sweep's MLflow run, with --mlflow
-    queue = RunQueue(args.checkpoint_dir)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parent = groups.nested(args)  # the sweep's MLflow run, with --mlflow
+    groups.run_job(GridJob(main, args, argv, runs, per_run, parent))
 
-    def train(group, grid, run, ranks):
+
+class GridJob(groups.Job):
+    """The sweep's course: the queue reset on world rank 0, each group training runs from it in
+    the queue's order until none is left (train_in_group each), and world rank 0 writing the
+    summary of every run's outcome (summarize)."""
+
+    def __init__(self, main, args, argv, runs, per_run, parent):
+        self.main, self.args, self.argv, self.runs = main, args, argv, runs
+        self.per_run, self.parent = per_run, parent
+        self.queue = RunQueue(args.checkpoint_dir)
+
+    def prepare(self):
+        self.queue.reset()
+
+    def source(self, index, prepared):
+        return self
+
+    def take(self, ranks):
+        """The next run no group has taken, now this group's; None once none is left."""
+        index = self.queue.take()
+        return self.runs[index] if index < len(self.runs) else None
+
+    def train(self, group, source, run, ranks):
         name, combo = run
-        return dict(train_in_group(main, run_argv(args, argv, name, combo), name, combo, group),
-                    ranks=ranks)
+        argv = run_argv(self.args, self.argv, name, combo)
+        return dict(train_in_group(self.main, argv, name, combo, group), ranks=ranks)
 
-    groups.run_job(per_run, queue.reset, lambda index, prepared: Grid(runs, queue), train,
-                   lambda outcomes: summarize(args, runs, outcomes, parent))
+    def summarize(self, outcomes):
+        return summarize(self.args, self.runs, outcomes, self.parent)
 
 
 def check_sweep(args, argv, processes):
@@ -96,18 +118,6 @@ def train_in_group(main, argv, name, combo, group):
     else:
         outcome.update(status=f"failed: {why}")
     return outcome
-
-
-class Grid:
-    """A group's source of runs (groups.run_job's): the sweep's runs, in the queue's order."""
-
-    def __init__(self, runs, queue):
-        self.runs, self.queue = runs, queue
-
-    def take(self, ranks):
-        """The next run no group has taken, now this group's; None once none is left."""
-        index = self.queue.take()
-        return self.runs[index] if index < len(self.runs) else None
 
 
 def summarize(args, runs, outcomes, parent=None):

@@ -57,20 +57,20 @@ def test_format_1_checkpoints_still_resume_their_schedule(saved):
     checkpoints.save_checkpoint(str(folder / "ckpt.pth"), old)
     args = _args("--checkpoint-dir", str(folder), "--epochs", "4", "--resume")
     start = checkpoints.restore(args, *_fresh(args))
-    assert start["schedule"] == {"base_lr": 0.05, "start_epoch": 0} and start["epoch"] == 2
+    assert start.schedule == {"base_lr": 0.05, "start_epoch": 0} and start.epoch == 2
 
 
 def test_resume_loads_the_optimizer_and_evaluate_does_not(saved):
     folder, _ = saved
     args = _args("--checkpoint-dir", str(folder), "--epochs", "4", "--resume")
     model, optimizer = _fresh(args)
-    assert checkpoints.restore(args, model, optimizer)["optimizer_state"] is True
+    assert checkpoints.restore(args, model, optimizer).optimizer_state is True
     assert optimizer.state  # momentum buffers are back
     args = _args("--checkpoint-dir", str(folder), "--evaluate")
     model, optimizer = _fresh(args)
     start = checkpoints.restore(args, model, optimizer)
-    assert start["optimizer_state"] is False and not optimizer.state  # nothing to broadcast
-    assert start["epoch"] == 2  # the weights are loaded all the same
+    assert start.optimizer_state is False and not optimizer.state  # nothing to broadcast
+    assert start.epoch == 2  # the weights are loaded all the same
 
 
 def test_resume_with_stop_at_not_after_the_checkpoint_is_a_usage_error(saved):
@@ -80,7 +80,7 @@ def test_resume_with_stop_at_not_after_the_checkpoint_is_a_usage_error(saved):
         with pytest.raises(UsageError, match=f"--stop-at {stop} is not after the checkpoint's epoch 2"):
             checkpoints.restore(args, *_fresh(args))
     args = _args("--checkpoint-dir", str(folder), "--epochs", "4", "--resume", "--stop-at", "3")
-    assert checkpoints.restore(args, *_fresh(args))["epoch"] == 2
+    assert checkpoints.restore(args, *_fresh(args)).epoch == 2
 
 
 def test_a_new_lr_on_a_finished_run_is_told_the_total_epochs_to_give(saved):
@@ -91,7 +91,7 @@ def test_a_new_lr_on_a_finished_run_is_told_the_total_epochs_to_give(saved):
     with pytest.raises(UsageError, match=r"already finished 2 of --epochs 2; .*\(--epochs 52 trains 50 more\)"):
         checkpoints.restore(args, *_fresh(args))
     args = _args("--checkpoint-dir", str(folder), "--epochs", "52", "--resume", "--lr", "0.01")
-    assert checkpoints.restore(args, *_fresh(args))["schedule"] == {"base_lr": 0.01, "start_epoch": 2}
+    assert checkpoints.restore(args, *_fresh(args)).schedule == {"base_lr": 0.01, "start_epoch": 2}
 
 
 def test_resume_says_what_it_continues(saved, capsys):
@@ -115,7 +115,7 @@ def test_resume_says_what_it_continues(saved, capsys):
 def test_restore_says_nothing_where_not_verbose(saved, capsys):
     folder, _ = saved
     args = _args("--checkpoint-dir", str(folder), "--epochs", "10", "--resume")
-    assert checkpoints.restore(args, *_fresh(args), reports=False)["epoch"] == 2
+    assert checkpoints.restore(args, *_fresh(args), reports=False).epoch == 2
     assert capsys.readouterr().out == ""
 
 
@@ -151,9 +151,9 @@ def test_auto_resume_continues_the_saved_schedule_whatever_lr_says(saved):
     folder, _ = saved
     args = _args("--checkpoint-dir", str(folder), "--epochs", "4", "--auto-resume", "--lr", "0.3")
     start = checkpoints.restore(args, *_fresh(args), reports=False)
-    assert start["epoch"] == 2 and start["schedule"] == {"base_lr": 0.05, "start_epoch": 0}
+    assert start.epoch == 2 and start.schedule == {"base_lr": 0.05, "start_epoch": 0}
     fresh = _args("--checkpoint-dir", str(folder / "empty"), "--epochs", "4", "--auto-resume", "--lr", "0.3")
-    assert checkpoints.restore(fresh, *_fresh(fresh))["schedule"] == {"base_lr": 0.3, "start_epoch": 0}
+    assert checkpoints.restore(fresh, *_fresh(fresh)).schedule == {"base_lr": 0.3, "start_epoch": 0}
 
 
 def test_an_unreadable_checkpoint_names_its_real_cause(saved, tmp_path):

@@ -75,9 +75,9 @@ def test_checkpoint_state_is_layout_free():
                                            ("--no-channels-last", False)])
 def test_flag_defaults_to_the_device(flag, default):
     args = parse(*([flag] if flag else []))
-    assert layout.wanted(args, torch.device("cpu")) is default
+    assert layout.use_channels_last(args, torch.device("cpu")) is default
     if flag is None:
-        assert layout.wanted(args, torch.device("cuda")) is True
+        assert layout.use_channels_last(args, torch.device("cuda")) is True
 
 
 def test_gradient_hooks_allreduce_channels_last_gradients():

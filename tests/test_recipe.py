@@ -47,7 +47,7 @@ def test_every_hyperparameter_comes_from_the_chosen_recipe_or_a_flag(monkeypatch
     train, _ = utils.make_loaders(args, (images, torch.zeros(32, dtype=torch.long)),
                                   (images, torch.zeros(32, dtype=torch.long)), torch.device("cpu"))
     assert train.pad == 2 and train.batch_size == 16
-    schedule = utils.make_schedule(args, checkpoints.fresh_start(args)["schedule"])
+    schedule = utils.make_schedule(args, checkpoints.fresh_start(args).schedule)
     assert schedule(5) == pytest.approx(0.3) and schedule(2.5) == pytest.approx(0.15)  # the peak halfway
     # ...and a flag given keeps its own value
     flagged = parse("--arch", "lenet", "--weight-decay", "0", "--no-nesterov")

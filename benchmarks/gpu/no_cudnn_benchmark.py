@@ -3,7 +3,7 @@
     python -m benchmarks.gpu.no_cudnn_benchmark main.py --arch resnet18 ...
 
 Runs the named trainer's main() in this process with the given flags, with
-torch.backends.cudnn.benchmark left False after devices.place sets it: cuDNN then takes its
+torch.backends.cudnn.benchmark left False after devices.take_device sets it: cuDNN then takes its
 heuristics' algorithm for each convolution instead of timing them. For the GPU figures that
 compare the two (benchmarks/gpu/check.py).
 """
@@ -16,13 +16,13 @@ from training.run import devices
 
 
 def main(argv):
-    place = devices.place
+    take_device = devices.take_device
 
     def without_search(*args, **kwargs):
-        device = place(*args, **kwargs)
+        device = take_device(*args, **kwargs)
         torch.backends.cudnn.benchmark = False
         return device
-    devices.place = without_search
+    devices.take_device = without_search
     importlib.import_module(argv[0].removesuffix(".py")).main(argv[1:])
     return 0
 

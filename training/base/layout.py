@@ -30,14 +30,14 @@ NHWC = (0, 2, 3, 1)  # NCHW -> NHWC
 NCHW = (0, 3, 1, 2)  # NHWC -> NCHW
 
 
-def wanted(args, device):
+def use_channels_last(args, device):
     """Whether to train in channels_last: --channels-last / --no-channels-last,
     else on CUDA only."""
     return device.type == "cuda" if args.channels_last is None else args.channels_last
 
 
 def memory_format(args, device):
-    return torch.channels_last if wanted(args, device) else torch.contiguous_format
+    return torch.channels_last if use_channels_last(args, device) else torch.contiguous_format
 
 
 def _is_channels_last(t):

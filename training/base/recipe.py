@@ -39,6 +39,6 @@ FROM_RECIPE = ("epochs", "batch_size", "label_smoothing", "lr_schedule", "nester
                "weight_decay")
 
 
-def of(args):
+def chosen(args):
     """The recipe a run's flags chose (--recipe; its default is pytorch-cifar's)."""
     return RECIPES[args.recipe]

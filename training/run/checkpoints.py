@@ -13,6 +13,7 @@ broadcast what it returns, the DDP port calls it on every rank. `restore` is two
 saying what a --resume continues), `apply_start` loads what was read into the model and the
 optimizer. The run folder is checked and held apart from these (rundir.py).
 """
+import dataclasses
 import os
 import zipfile
 
@@ -152,21 +153,31 @@ def load_model_state(model, state, path, arch_hint):
 
 def first_schedule(args):
     """The schedule a run starts with: --lr, else the recipe's, from epoch 0."""
-    return {"base_lr": args.lr or recipe.of(args)["lr"], "start_epoch": 0}
+    return {"base_lr": args.lr or recipe.chosen(args)["lr"], "start_epoch": 0}
+
+
+@dataclasses.dataclass
+class Start:
+    """Where a run starts (read from its checkpoint, or fresh): what the trainers read."""
+    schedule: dict  # the LR schedule to follow (utils.make_schedule's state)
+    epoch: int = 0  # the first epoch to train, counted from 0: the epochs done
+    best_acc: float = 0.0  # the best test accuracy of the epochs done
+    history: list = dataclasses.field(default_factory=list)  # their metrics rows
+    optimizer_state: bool = False  # whether the optimizer now holds state (to broadcast)
+    scaler: dict = None  # GradScaler's state, where it was enabled
+    tracking: dict = None  # the MLflow run the run logged to (tracking.py)
 
 
 def fresh_start(args):
     """Where a run without a checkpoint starts."""
-    return {"epoch": 0, "best_acc": 0.0,
-            "schedule": first_schedule(args),
-            "history": [], "optimizer_state": False, "scaler": None, "tracking": None}
+    return Start(schedule=first_schedule(args))
 
 
 def restore(args, model, optimizer, reports=True):
     """Where this run starts, read (`read_start`) and then applied to model and optimizer
     (`apply_start`); see both. The ports call it where they read the checkpoint: every rank
     under DDP, rank 0 under Horovod, which broadcasts what it returns."""
-    return apply_start(read_start(args, reports), model, optimizer, args.arch)
+    return apply_start(*read_start(args, reports), model, optimizer, args.arch)
 
 
 def read_start(args, reports=True):
@@ -177,45 +188,44 @@ def read_start(args, reports=True):
     or a damaged checkpoint, another --arch, non-finite weights, nothing left to train. The
     process that reports says in one line what a resume continues."""
     if not (resuming(args) or args.evaluate):
-        return dict(fresh_start(args), weights=None, optimizer=None, path=None)
+        return fresh_start(args), {"weights": None, "optimizer": None, "path": None}
     path = checkpoint_path(args)
     ckpt = read_checkpoint(args, path)
-    start = dict(saved_start(args, ckpt), weights=ckpt["model"], optimizer=None, path=path)
+    start = saved_start(args, ckpt)
+    read = {"weights": ckpt["model"], "optimizer": None, "path": path}
     if args.evaluate:
-        return start  # the optimizer is not needed, so its state is neither loaded nor sent
+        return start, read  # the optimizer is not needed, so its state is neither loaded nor sent
     if already_ended(args, path, ckpt["epoch"]):
         if reports:
             print(f"{path} has finished epoch {ckpt['epoch']}: nothing left to train before "
                   f"epoch {cli.last_epoch(args)}", flush=True)
-        return start
-    start["optimizer"] = ckpt.get("optimizer") or None
-    start["schedule"], restarted = schedule_after(args, ckpt["epoch"], start["schedule"])
+        return start, read
+    read["optimizer"] = ckpt.get("optimizer") or None
+    start.schedule, restarted = schedule_after(args, ckpt["epoch"], start.schedule)
     if reports:  # one process says what it resumed
         print(resume_line(path, start, args, restarted, ckpt.get("imported", False)), flush=True)
+    return start, read
+
+
+def apply_start(start, read, model, optimizer, arch):
+    """Load what read_start read (`read`: the weights, the optimizer's state, the path) into
+    model (checked against its keys and shapes: one line naming the --arch it needs) and
+    optimizer. Returns the start, its `optimizer_state` saying whether the optimizer now holds
+    state, which the Horovod port needs to know before broadcasting it. It writes nothing: a
+    training run then holds its folder (hold_folder)."""
+    if read["weights"] is not None:
+        load_model_state(model, read["weights"], read["path"], arch)
+    start.optimizer_state = load_optimizer_state(optimizer, read["optimizer"])
     return start
-
-
-def apply_start(start, model, optimizer, arch):
-    """Load a read start into model (checked against its keys and shapes: one line naming the
-    --arch it needs) and optimizer. Returns the start without its tensors, with
-    `optimizer_state` saying whether the optimizer now holds state, which the Horovod port
-    needs to know before broadcasting it. It writes nothing: a training run then holds its
-    folder (hold_folder)."""
-    if start["weights"] is not None:
-        load_model_state(model, start["weights"], start["path"], arch)
-    applied = {k: v for k, v in start.items() if k not in ("weights", "optimizer", "path")}
-    applied["optimizer_state"] = load_optimizer_state(optimizer, start["optimizer"])
-    return applied
 
 
 def saved_start(args, ckpt):
     """Where the checkpoint left off: its next epoch, best accuracy, schedule, history (up to
     that epoch), GradScaler state and the tracker's state."""
-    return {"epoch": ckpt["epoch"], "best_acc": ckpt.get("best_acc", 0.0),
-            "schedule": saved_schedule(args, ckpt),
-            "history": [r for r in ckpt.get("history", []) if r["epoch"] <= ckpt["epoch"]],
-            "optimizer_state": False, "scaler": ckpt.get("scaler"),
-            "tracking": ckpt.get("tracking")}
+    return Start(epoch=ckpt["epoch"], best_acc=ckpt.get("best_acc", 0.0),
+                 schedule=saved_schedule(args, ckpt),
+                 history=[r for r in ckpt.get("history", []) if r["epoch"] <= ckpt["epoch"]],
+                 scaler=ckpt.get("scaler"), tracking=ckpt.get("tracking"))
 
 
 def read_checkpoint(args, path):
@@ -282,7 +292,7 @@ def resume_line(path, start, args, restarted, imported=False):
     """One line naming what --resume continues: the file, its epoch and best accuracy,
     and whether the saved schedule (cosine or one-cycle) goes on or --lr restarted it, over how
     many epochs."""
-    done, sched = start["epoch"], start["schedule"]
+    done, sched = start.epoch, start.schedule
     shape = "one-cycle" if args.lr_schedule == "onecycle" else "cosine"
     left = args.epochs - done
     span = f"epoch {args.epochs}" if left == 1 else f"the {left} epochs {done + 1}-{args.epochs}"
@@ -293,4 +303,4 @@ def resume_line(path, start, args, restarted, imported=False):
               f"continues over {span}")
     origin = " (pytorch-cifar's: no optimizer state)" if imported else ""
     return (f"resuming {path}{origin} after epoch {done}, "
-            f"best test acc {start['best_acc']:.4f}; {lr}")
+            f"best test acc {start.best_acc:.4f}; {lr}")

@@ -36,6 +36,12 @@ NOT_USED = {"warmup_epochs": 0.0, "batches_per_allreduce": 1, "sync_bn": False,
 
 
 class _Parser(argparse.ArgumentParser):
+    """argparse's parser with one-line errors, and the checks a port adds to parse_args'."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.port_checks = []  # each called with the parsed flags after the common checks
+
     def error(self, message):
         # One line instead of argparse's usage dump; --help shows the usage.
         if "unrecognized arguments" in message and "--sweep" in message:  # not main_sweep.py's
@@ -129,7 +135,6 @@ def build_parser(doc):
     a("--mlflow-system-metrics", action="store_true",
       help="with MLflow, also log the node's CPU, memory, disk, network (and GPU, with pynvml) "
            "use as system/HOST/... metrics, from rank 0's node (needs psutil)")
-    a("--mlflow-parent", default=None, help=argparse.SUPPRESS)  # main_sweep.py's parent run
     a("-r", "--resume", action="store_true", help="continue from the checkpoint")
     a("--auto-resume", action="store_true",
       help="continue from CHECKPOINT_DIR/ckpt.pth when it exists, else start fresh: one command "
@@ -216,7 +221,7 @@ def add_elastic_args(p):
     """The elastic port's flags (main_elastic.py): Horovod's, less what an elastic job
     cannot do, which parse_args refuses in one line."""
     add_horovod_args(p)
-    p.elastic = True
+    p.port_checks.append(check_elastic)
     return p
 
 
@@ -227,15 +232,28 @@ def add_ddp_args(p):
 
 
 def parse_args(parser, argv=None):
-    """Parse and check the flags. The port's flags are checked only where the parser has them."""
+    """Parse the flags, fill in what they leave to the recipe and to other ports, and check
+    them: each value, the flags taken together, what needs CUDA, then the port's own checks.
+    A check that fails raises UsageError, one line naming the flag and the fix."""
     args = parser.parse_args(argv)
+    with_defaults(args)
+    for check in (check_values, check_together, check_device, *parser.port_checks):
+        check(args)
+    return args
+
+
+def with_defaults(args):
+    """Every port's fields (NOT_USED), and the chosen recipe's values where no flag is given."""
     flags = vars(args)
     for key, value in NOT_USED.items():  # one flags object for every trainer
         flags.setdefault(key, value)
-    # The chosen recipe's defaults, where no flag is given.
-    for key, value in recipe.of(args).items():
+    for key, value in recipe.chosen(args).items():
         if key in recipe.FROM_RECIPE and flags[key] is None:
             flags[key] = value
+
+
+def check_values(args):
+    """Each flag's value on its own: its range, its sign, a known --arch."""
     if not (args.weight_decay >= 0 and math.isfinite(args.weight_decay)):
         raise UsageError(f"--weight-decay must be 0 or more (got {args.weight_decay})")
     if not 0 <= args.label_smoothing < 1:
@@ -257,54 +275,64 @@ def parse_args(parser, argv=None):
         raise UsageError(f"--lr must be a positive number (got {args.lr})")
     if args.allreduce_groups is not None and args.allreduce_groups <= 0:
         raise UsageError(f"--allreduce-groups must be positive (got {args.allreduce_groups})")
+    if args.workers < 0 or args.profile_steps < 0 or args.warmup_epochs < 0:
+        raise UsageError("--workers, --profile-steps and --warmup-epochs must not be negative")
+    if not 0 <= args.cutout <= 32:
+        raise UsageError(f"--cutout is a side in pixels between 0 (off) and 32 (got {args.cutout})")
+    data.check_synthetic_size(args.synthetic_size)
+    tracking.check_flags(args)
+    if args.arch not in models.MODELS:
+        raise UsageError(f"unknown --arch {args.arch!r}; choose one of: "
+                         + ", ".join(sorted(models.MODELS)))
+
+
+def check_together(args):
+    """Flags that contradict each other."""
     if args.grad_allreduce == "one" and (args.use_adasum or args.allreduce_groups is not None):
         raise UsageError("--grad-allreduce one reduces every gradient in one allreduce, and "
                          "--use-adasum and --allreduce-groups work per tensor: drop one of them")
     if args.grad_allreduce == "regions" and not args.compile:
         raise UsageError("--grad-allreduce regions compiles the model block by block: add "
                          "--compile, or drop it")
-    if args.workers < 0 or args.profile_steps < 0 or args.warmup_epochs < 0:
-        raise UsageError("--workers, --profile-steps and --warmup-epochs must not be negative")
-    if not 0 <= args.cutout <= 32:
-        raise UsageError(f"--cutout is a side in pixels between 0 (off) and 32 (got {args.cutout})")
     if args.cutout and args.loader != "device":
         raise UsageError("--cutout is done by the device loader; drop --loader torchvision or "
                          "--cutout")
-    data.check_synthetic_size(args.synthetic_size)
-    tracking.check_flags(args)
-    if args.arch not in models.MODELS:
-        raise UsageError(f"unknown --arch {args.arch!r}; choose one of: "
-                         + ", ".join(sorted(models.MODELS)))
     if args.use_adasum and args.amp and args.amp_dtype == "float16":
         raise UsageError("--use-adasum cannot work with --amp's float16 GradScaler (Horovod's "
                          "Adasum optimizer cannot be synchronized early); add --amp-dtype bfloat16 "
                          "or drop one")
-    if args.sync_bn and not torch.cuda.is_available():
-        raise UsageError("--sync-bn needs CUDA: SyncBatchNorm (Horovod's and PyTorch's) runs on "
-                         "GPUs only; drop it on CPU")
     if args.compile in ("reduce-overhead", "max-autotune") and args.batches_per_allreduce > 1:
         raise UsageError(f"--compile {args.compile} captures CUDA graphs, whose gradients are not "
                          "to be trusted when they accumulate over --batches-per-allreduce > 1; use "
                          "--compile alone (which then picks max-autotune-no-cudagraphs) or "
                          "--batches-per-allreduce 1")
-    if args.compile in ("reduce-overhead", "max-autotune") and not torch.cuda.is_available():
-        raise UsageError(f"--compile {args.compile} captures CUDA graphs and needs CUDA; on the "
-                         "CPU use --compile (default mode) or --compile max-autotune-no-cudagraphs")
     if (args.resume or args.auto_resume) and args.evaluate:
         raise UsageError("--resume and --evaluate do not go together: --evaluate reads the "
                          "checkpoint on its own")
     if sum((args.resume, args.auto_resume, args.overwrite)) > 1:
         raise UsageError("--resume, --auto-resume and --overwrite do not go together: pick one")
-    if getattr(parser, "elastic", False):  # the parser's own mark, not a flag
-        if args.evaluate:
-            raise UsageError("main_elastic.py only trains; evaluate with main.py --evaluate")
-        if args.use_adasum:
-            raise UsageError("--use-adasum needs Horovod's MPI controller, and elastic runs use "
-                             "gloo; use main_horovod.py for Adasum")
-        if args.grad_allreduce not in ("auto", "hooks"):
-            raise UsageError("main_elastic.py reduces gradients from backward's hooks only; "
-                             "drop --grad-allreduce or use main_horovod.py")
-    return args
+
+
+def check_device(args):
+    """Settings that need CUDA, refused where there is none."""
+    if args.sync_bn and not torch.cuda.is_available():
+        raise UsageError("--sync-bn needs CUDA: SyncBatchNorm (Horovod's and PyTorch's) runs on "
+                         "GPUs only; drop it on CPU")
+    if args.compile in ("reduce-overhead", "max-autotune") and not torch.cuda.is_available():
+        raise UsageError(f"--compile {args.compile} captures CUDA graphs and needs CUDA; on the "
+                         "CPU use --compile (default mode) or --compile max-autotune-no-cudagraphs")
+
+
+def check_elastic(args):
+    """What main_elastic.py cannot do (add_elastic_args adds this check)."""
+    if args.evaluate:
+        raise UsageError("main_elastic.py only trains; evaluate with main.py --evaluate")
+    if args.use_adasum:
+        raise UsageError("--use-adasum needs Horovod's MPI controller, and elastic runs use "
+                         "gloo; use main_horovod.py for Adasum")
+    if args.grad_allreduce not in ("auto", "hooks"):
+        raise UsageError("main_elastic.py reduces gradients from backward's hooks only; "
+                         "drop --grad-allreduce or use main_horovod.py")
 
 
 def last_epoch(args):

@@ -17,7 +17,7 @@ import torch
 from training.base.errors import UsageError
 
 
-def place(local_rank=0, local_size=1, spare=()):
+def take_device(local_rank=0, local_size=1, spare=()):
     """pick_device, then share_cores: this process's device, with its share of the cores
     taken on the CPU. (main_elastic.py calls the two apart: its share changes with its world.)"""
     device = pick_device(local_rank, local_size)

@@ -75,7 +75,7 @@ class RunLog:
             self._tb = SummaryWriter(os.path.join(self.dir, "tb"), purge_step=first_epoch + 1)
             if tracking_mod.uri_of(args):
                 self._tracker = tracking_mod.Tracker(args, world_size, self.history, tracking,
-                                                     getattr(args, "mlflow_parent", None))
+                                                     tracking_mod.nested_under())
 
     @property
     def tracking(self):

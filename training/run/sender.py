@@ -148,7 +148,7 @@ class Sender:
         if status is None and not tags:  # a pause: the run's next tracker sends what is left
             wait_s = min(wait_s, PAUSE_WAIT_S)
         if done.wait(wait_s):
-            alone = not self.tracker.nests and not getattr(self.tracker.args, "mlflow_parent", None)
+            alone = not self.tracker.nests and not self.parent
             if status == "FINISHED" and alone and self.given:
                 each = self.spent / self.given * 1e3
                 self.say(f"mlflow: {self.given} epochs logged, {each:.3f} ms an epoch")

@@ -47,7 +47,9 @@ SCHEMES = ("http", "https", "file", "sqlite", "postgresql", "mysql", "mssql", "d
 RUN_FILE = ".mlflow-run.json"  # in the run folder (main_sweep.py's too): the MLflow run it logs to
 # Optuna's end of a trial, as the trial's MLflow run ends (FINISHED where it completed).
 TRIAL_STATUS = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}
-_last = {}  # the Tracker this process made last: a search's trial is ended through it
+# The Tracker this process made last (a search's trial is ended through it), and the run that
+# main_sweep.py nests this process's runs under.
+_last = {}
 
 
 def uri_of(args):
@@ -98,7 +100,7 @@ def params_of(args, world_size):
     has one, else the recipe's), the world size, the trainer, the git commit and Slurm's job id:
     as MLflow params (text)."""
     out = {k: str(redacted(v)) for k, v in sorted(vars(args).items()) if not k.startswith("mlflow")}
-    for key, value in recipe.of(args).items():
+    for key, value in recipe.chosen(args).items():
         given = getattr(args, key, None)
         out[f"recipe.{key}"] = str(value if given is None else given)
     out["world_size"] = str(world_size)
@@ -318,9 +320,20 @@ def save_model(folder):
         return None
 
 
+def nest_runs_under(run_id):
+    """main_sweep.py, on every process: the runs this process trains from now on are MLflow
+    runs nested under run_id (the job's own, parent_run's); None: runs of their own."""
+    _last["parent"] = run_id
+
+
+def nested_under():
+    """The MLflow run that this process's runs are nested under (nest_runs_under), or None."""
+    return _last.get("parent")
+
+
 def parent_run(args, world_size):
     """main_sweep.py's MLflow run (world rank 0), under which each run or trial is nested
-    (--mlflow-parent): the one CHECKPOINT_DIR/RUN_FILE names (a job submitted again), else a new
+    (nest_runs_under): the one CHECKPOINT_DIR/RUN_FILE names (a job submitted again), else a new
     one. (its Tracker, the run's id or None where the server did not make it in time: the runs
     are then not nested); (None, None) without --mlflow."""
     if uri_of(args) is None:
