@@ -22,11 +22,12 @@ import utils
 
 
 def main(argv=None):
-    # DDP: its flags; a GPU, or a share of the cores, for each process on its host, placed before
-    # the job is joined (torchrun's, or one of its own); metric sums and the LR over its size.
+    # DDP: the port's flags.
     args = cli.parse_args(cli.add_ddp_args(cli.build_parser(__doc__)), argv)
+    # DDP: a GPU, or a share of the cores, by torchrun's local rank, before joining the job.
     device = devices.take_device(*launch.torchrun_local())
     process_group.join_job(device)
+    # DDP: metrics summed over the ranks; the LR x their number.
     world = utils.World.of(args, rank=dist.get_rank(), size=dist.get_world_size(), no_sync=True,
                            allreduce=process_group.summed_copy(dist.all_reduce))
     launch.stop_on(args.stop_signal)  # a scheduler's warning signal, as SIGTERM

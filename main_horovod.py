@@ -21,12 +21,14 @@ import utils
 
 
 def main(argv=None):
-    # Horovod: its flags; join the job (its CUDA settings first); a GPU or a share of the cores
-    # per process; metrics summed over ranks; the LR x their number (Adasum: its own scale).
+    # Horovod: the port's flags.
     args = cli.parse_args(cli.add_horovod_args(cli.build_parser(__doc__)), argv)
+    # Horovod: its CUDA settings, then join the job.
     hvd_port.apply()
     hvd.init()
+    # Horovod: GPU hvd.local_rank(), or this process's share of the cores.
     device = devices.take_device(hvd.local_rank(), hvd.local_size(), spare=devices.other_threads())
+    # Horovod: metrics summed over the ranks; the LR x their number (Adasum: its own scale).
     world = utils.World.of(args, rank=hvd.rank(), size=hvd.size(), lr_size=hvd_port.lr_size(args),
                            allreduce=lambda t: hvd.allreduce(t, op=hvd.Sum),
                            grad_path=hvd_port.grad_path(args))
@@ -39,13 +41,15 @@ def main(argv=None):
     train_loader, test_loader = utils.make_loaders(args, train_set, test_set, device, world)
 
     model = utils.build_model(args, device)
-    # Horovod: BatchNorm over the global batch (--sync-bn); gradients averaged (grad_path's way);
-    # rank 0 restores and broadcasts where to start, the optimizer state if any, the weights.
+    # Horovod: BatchNorm statistics over the global batch (--sync-bn).
     model = hvd_port.replace_batchnorm(model, hvd.SyncBatchNorm) if args.sync_bn else model
+    # Horovod: gradients averaged over the ranks (hvd.DistributedOptimizer, by grad_path).
     optimizer = hvd_port.distributed_optimizer(args, model, utils.make_optimizer(model, args),
                                                world.grad_path)
+    # Horovod: rank 0 reads the checkpoint; every rank gets where to start from it.
     start = checkpoints.restore(args, model, optimizer) if reports else None
     start = hvd.broadcast_object(start, name="start")
+    # Horovod: rank 0's optimizer state, if it has one, and its weights to every rank.
     if start.optimizer_state:
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
