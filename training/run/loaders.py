@@ -61,8 +61,8 @@ class DeviceLoader:
     mirrored: at a pad of 4, 2 x 40 x 40 / (32 x 32) = 3.1 times the uint8 set, 480 MB for
     CIFAR-10's 50,000 images (built with one 150 MB temporary). A crop of a flipped
     image is then a window of the mirrored copy, and every window is a row of one
-    strided view, so a batch is gathered with contiguous row copies (6x faster on a
-    CPU thread than a per-pixel gather).
+    strided view, so a batch is gathered with contiguous row copies instead of a per-pixel
+    gather.
     """
 
     def __init__(self, images, labels, batch_size, *, train, rank=0, size=1, seed=0,
