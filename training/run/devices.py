@@ -83,8 +83,8 @@ def share_cores(device, local_rank=0, local_size=1, spare=(), start=None):
     A process that its launcher did not bind to cores (horovodrun does not; mpirun does)
     is pinned, every thread of it, to its own share of the cores it may use, and runs
     that many torch threads. Unpinned, the ranks' compute threads and Horovod's
-    background threads wander between cores, and train slower. With more local processes than cores none is pinned, and each runs one
-    thread. OMP_NUM_THREADS set by the user turns all this off (threads_chosen:
+    background threads wander between cores, and train slower. With more local processes
+    than cores none is pinned, and each runs one thread. OMP_NUM_THREADS set by the user turns all this off (threads_chosen:
     torchrun's own setting does not)."""
     if device.type != "cpu" or threads_chosen():  # the user's choice, which torch has already read
         return
