@@ -28,9 +28,9 @@ lint: setup
 	$(PY) -m ruff check .
 
 # On a GPU machine: set up against its PyTorch, then short real jobs, one line each with images/s;
-# ARGS= more flags of benchmarks/gpu/check.py (ARGS="--only TEXT").
+# ARGS= more flags of scripts/gpu_check.py (ARGS="--only TEXT").
 gpu-check:
-	@python3 -m benchmarks.gpu.check --python $(GPU_PYTHON) $(ARGS)
+	@python3 -m scripts.gpu_check --python $(GPU_PYTHON) $(ARGS)
 
 # The container image (Dockerfile): BASE= another PyTorch image, CONTAINER=podman to build
 # with podman, BUILD_FLAGS= more flags for the build.

@@ -1,3 +1,3 @@
 """Side-by-side benchmarks of the trainers; run from the repository root as modules:
-`python -m benchmarks.run`, `python -m benchmarks.gpu.trainer_figures`, `python -m benchmarks.gpu.check`.
+`python -m benchmarks.run`, `python -m benchmarks.gpu.trainer_figures`.
 Importing the package does nothing."""

@@ -2,8 +2,8 @@
 
 The machine and software, the ABBA order of a figure's sides, medians, each
 figure's judgement against its goal, the results.json schema, and RESULTS.md.
-A figure is a module of benchmarks/figures/, named by its NAME, listed once in run.py's FIGURES,
-with this interface:
+A figure is a module of benchmarks/trainer/ or benchmarks/scaling/, named by its NAME, listed
+once in run.py's FIGURES, with this interface:
 
     NAME           its key in results.json, e.g. "loader_speedup"
     GOAL           (op, target), op ">=" or "<=": what its value should meet

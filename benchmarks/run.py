@@ -13,7 +13,8 @@ entries from the existing results.json, marked with the run that made them. A fi
 is reported (its traceback, then one line) and the run goes on; it is written as one not run
 (with --merge, its earlier entry stays), and the run exits 1 naming it.
 
-Each figure is one module of benchmarks/figures/, named by its figure id (its NAME, its key in
+Each figure is one module of benchmarks/trainer/ (what the trainer does) or benchmarks/scaling/
+(the scaling model and its emulator checked), named by its figure id (its NAME, its key in
 results.json), with its goal and what it measures in its docstring and DESCRIPTION; FIGURES
 below lists them in the order they run and are reported. Each is the median over interleaved
 repeats, every repeat recorded.
@@ -49,13 +50,19 @@ import traceback
 import torch
 
 from benchmarks import harness
-from benchmarks.figures import (
-    allreduce_overlap_np2,
-    ddp_scaling_efficiency_np2,
+from benchmarks.gpu import results_section
+from benchmarks.scaling import (
     emulator_vs_real_error,
     hierarchical_allreduce_error,
     horovod_compiled_over_ddp_cluster_100g,
     horovod_compiled_over_ddp_cluster_400g,
+    probe_vs_emulator_error,
+    scaling_model_heldout_error,
+    tree_allreduce_error,
+)
+from benchmarks.trainer import (
+    allreduce_overlap_np2,
+    ddp_scaling_efficiency_np2,
     horovod_compiled_overlap_window_ratio,
     horovod_hook_overhead_ms,
     horovod_idle_threads_gain,
@@ -64,21 +71,17 @@ from benchmarks.figures import (
     layout_design_cost,
     loader_speedup,
     mlflow_overhead_per_epoch,
-    probe_vs_emulator_error,
     real_data_accuracy,
     scaling_efficiency_np2,
-    scaling_model_heldout_error,
     search_best_acc_minus_grid,
     search_wall_time_vs_grid,
     sweep_wall_time,
     tracking_stall_hung_server,
-    tree_allreduce_error,
 )
-from benchmarks.gpu import results_section
 from training.run import devices
 
 # The registry: every figure, in the order they run and are reported. A new figure is a module of
-# benchmarks/figures/ named by its NAME, with harness.py's interface, and one entry here.
+# benchmarks/trainer/ or benchmarks/scaling/ named by its NAME, with harness.py's interface, and one entry here.
 FIGURES = [loader_speedup, horovod_np1_overhead, horovod_hook_overhead_ms, scaling_efficiency_np2,
            ddp_scaling_efficiency_np2, horovod_vs_ddp_np2, horovod_idle_threads_gain, allreduce_overlap_np2,
            horovod_compiled_overlap_window_ratio, layout_design_cost, sweep_wall_time,

@@ -7,7 +7,7 @@ main_ddp.py alone or under `torchrun --nproc_per_node 2`, with the same flags (L
 on synthetic data unless the settings name another `arch`: LeNet is the only model
 cheap enough for several repeats on 2 CPU cores), on data generated once beforehand,
 each run in a fresh checkpoint folder. Its imports are the standard library's, so
-benchmarks/gpu/check.py runs it from any python3 before the set-up.
+scripts/gpu_check.py runs it from any python3 before the set-up.
 """
 import csv
 import os

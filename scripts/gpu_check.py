@@ -2,7 +2,7 @@
 
     make gpu-check                         # set-up (TORCH=system where a CUDA torch exists), then jobs
     make gpu-check GPU_PYTHON=/opt/conda/bin/python
-    python3 -m benchmarks.gpu.check --device cpu --quick --no-setup   # the same jobs on the CPU
+    python3 -m scripts.gpu_check --device cpu --quick --no-setup      # the same jobs on the CPU
 
 Each job prints one line with its images/s (the last epoch's, from metrics.csv) or why it
 failed; the exit status is non-zero if any job failed. Without a GPU it says so in one

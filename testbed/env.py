@@ -1,7 +1,7 @@
 """The environment the tests and the benchmarks start the real trainers in, and how they find
 the trainers' processes: the one module both import (tests/helpers.py, benchmarks/trainer_runs.py).
 
-Standard library only: benchmarks/gpu/check.py runs from any python3 before the set-up.
+Standard library only: scripts/gpu_check.py runs from any python3 before the set-up.
 """
 import os
 import sys

@@ -140,7 +140,7 @@ def run_of(cmd):
         base = os.path.basename(w)
         if base in TRAINERS:
             return Run("trainer", base, base, words[i + 1:], env)
-        if w == "-m" and i + 1 < len(words) and words[i + 1].startswith(("tools.", "benchmarks.")):
+        if w == "-m" and i + 1 < len(words) and words[i + 1].startswith(("tools.", "benchmarks.", "scripts.")):
             return Run("module", words[i + 1], None, words[i + 2:], env)
         if w.endswith(".sbatch"):
             return Run("sbatch", w, env.get("TRAINER") or sbatch_default(w), words[i + 1:], env)

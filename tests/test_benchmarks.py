@@ -15,8 +15,9 @@ import types
 import pytest
 import torch
 
-from benchmarks import dilated, harness, run
+from benchmarks import harness, run
 from benchmarks.gpu import results_section
+from benchmarks.scaling import dilated
 
 ROOT = harness.ROOT
 
@@ -102,15 +103,20 @@ def test_markdown_has_summary_sections_and_factual_notes(tmp_path):
 def test_only_takes_figure_names_which_are_their_modules_names():
     assert run.parse_args(["--only", "loader_speedup,scaling_efficiency_np2"]).figures == \
         [run.loader_speedup, run.scaling_efficiency_np2]
-    assert all(m.__name__ == f"benchmarks.figures.{m.NAME}" for m in run.FIGURES)
+    assert all(m.__name__ in (f"benchmarks.trainer.{m.NAME}", f"benchmarks.scaling.{m.NAME}") for m in run.FIGURES)
     assert run.parse_args([]).figures == run.FIGURES
+
+
+# The modules of the figures' packages that are not figures: what the scaling figures share.
+SHARED = {"gpu_cluster", "emulated_jobs", "dilated"}
 
 
 def test_every_figure_module_has_the_harness_interface_and_is_registered():
     """What run.py and harness.py use of a figure, for all of them, without running one: the
     figures' measurements are the benchmark run's, and a quick run of two proves the harness."""
-    on_disk = {f[:-3] for f in os.listdir(os.path.join(ROOT, "benchmarks", "figures"))
-               if f.endswith(".py") and f != "__init__.py"}
+    on_disk = {f[:-3] for package in ("trainer", "scaling")
+               for f in os.listdir(os.path.join(ROOT, "benchmarks", package))
+               if f.endswith(".py") and f != "__init__.py"} - SHARED
     assert on_disk == {m.NAME for m in run.FIGURES}, "every figure module is listed in run.FIGURES"
     for m in run.FIGURES:
         assert m.GOAL[0] in harness.OPS and isinstance(m.GOAL[1], (int, float)), m.NAME
@@ -307,13 +313,13 @@ def test_no_benchmark_module_imports_one_that_imports_it_back():
                 graph[name] = imports_of(path, "benchmarks")
     known = set(graph)
     graph = {m: {n for n in imports if n in known and n != m} for m, imports in graph.items()}
-    assert "benchmarks.run" in graph and "benchmarks.figures.probe_vs_emulator_error" in graph["benchmarks.run"]
+    assert "benchmarks.run" in graph and "benchmarks.scaling.probe_vs_emulator_error" in graph["benchmarks.run"]
     assert import_cycle(graph) is None, f"an import circle: {' -> '.join(import_cycle(graph))}"
     assert not [m for m, imports in graph.items() if "benchmarks.run" in imports]
 
 
 def test_a_short_step_is_timed_over_more_steps_up_to_the_most():
-    from benchmarks.emulated_jobs import steps_for
+    from benchmarks.scaling.emulated_jobs import steps_for
     cfg = {"steps": 3, "timed_s": 3.0, "max_steps": 20}
     one_rank = {"n": 1, "compute_s": 1e-3}  # the model's step is then the compute alone
     assert steps_for(one_rank, 100, cfg) == 20  # 0.1 s of real time a step: 30 wanted, 20 at most

@@ -5,8 +5,8 @@ start with python, make or a launcher), and the examples of the trainers' --help
 user would paste it, and:
 - a trainer's flags (main*.py, alone, under horovodrun, mpirun, torchrun or srun, or after a
   scripts/slurm/*.sbatch file, which adds its own) parse with that trainer's parser and checks
-  (helpers.parse); `python -m tools.X` and `python -m benchmarks.X` flags parse with that
-  module's parser;
+  (helpers.parse); `python -m tools.X`, `python -m benchmarks.X` and `python -m scripts.X` flags
+  parse with that module's parser;
 - `make` targets exist, and a variable given to make reaches its recipe or scripts/setup.sh;
 - the repository's files a command or a span names exist, and `-np` fits the shipped hostfile;
 - README's runs write no checkpoint folder twice but to resume, evaluate or --overwrite, read

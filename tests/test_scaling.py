@@ -4,7 +4,7 @@ scaling model (tools/scaling_model.py) where its answer is known without measuri
 
 Each test makes its own two-host cluster with shaped links and removes it at the end, also
 when it fails; `down` must leave no namespace, link or queue discipline of it. The scaling
-measurements these links serve are benchmarks (benchmarks/figures/scaling_model_heldout_error.py and
+measurements these links serve are benchmarks (benchmarks/scaling/scaling_model_heldout_error.py and
 emulator_vs_real_error.py, through the emulator of tests/test_emulate.py), not tests.
 Without root (namespaces) the module is skipped, in one line; under CI it fails instead.
 """

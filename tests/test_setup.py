@@ -72,7 +72,7 @@ def test_gpu_check_jobs_run_on_the_cpu(tmp_path):
     # trainer's flags, which have tests of their own.
     out = tmp_path / "gpu-check.json"
     pick = ["--only=gradient hooks on", "--only=main_ddp.py np=1 (torchrun)", "--skip=bf"]
-    r = subprocess.run([PY, "-m", "benchmarks.gpu.check", "--device", "cpu", "--no-setup", *pick, "--out", str(out)],
+    r = subprocess.run([PY, "-m", "scripts.gpu_check", "--device", "cpu", "--no-setup", *pick, "--out", str(out)],
                        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     lines = r.stdout.strip().splitlines()
@@ -86,7 +86,7 @@ def test_gpu_check_jobs_run_on_the_cpu(tmp_path):
 
 
 def test_gpu_check_without_a_gpu_is_one_line_and_quick():
-    r = subprocess.run(["python3", "-m", "benchmarks.gpu.check"], cwd=ROOT, capture_output=True, text=True,
+    r = subprocess.run(["python3", "-m", "scripts.gpu_check"], cwd=ROOT, capture_output=True, text=True,
                        timeout=60, env=env({"PATH": "/usr/bin:/bin"}))  # no nvidia-smi on this PATH
     assert r.returncode == 1
     lines = (r.stdout + r.stderr).strip().splitlines()

@@ -1,5 +1,5 @@
 """Time Open MPI's own allreduce (MPI_Allreduce through mpi4py) of float32 buffers, under the
-algorithm the job's MCA parameters pick: the collective that benchmarks/figures/
+algorithm the job's MCA parameters pick: the collective that benchmarks/scaling/
 tree_allreduce_error.py holds the scaling model's ring and tree against.
 
     mpirun -np 8 --hostfile H --mca coll_tuned_use_dynamic_rules 1 \\

@@ -41,11 +41,11 @@ has ended, so the backward pass hides what it can of them. Assumptions, each a s
   already holds it). On the emulated cluster a lone allreduce of ResNet-18's gradients
   (44.7 MB, 25 Gbit/s) took 2.8% and 5.4% longer than the ring's 2 (N - 1) / N at 4 and 8
   hosts, scaled from 2. Emulated training at 2 to 16 hosts fits a spread of 0.005
-  (benchmarks/figures/probe_vs_emulator_error.py), and FITTED keeps 0.
+  (benchmarks/scaling/probe_vs_emulator_error.py), and FITTED keeps 0.
 - **Hierarchical allreduce** (`nodes`, `intra_bps`, `intra_latency_s`: HOROVOD_HIERARCHICAL_ALLREDUCE)
   is a ring of nodes between two steps inside each node (message_s). Checked on namespace hosts
   of 2 processes each against the algorithm composed of Horovod's own collectives
-  (benchmarks/figures/hierarchical_allreduce_error.py): gloo has no hierarchical path of its
+  (benchmarks/scaling/hierarchical_allreduce_error.py): gloo has no hierarchical path of its
   own. Composed so (`composed`), a message is 3 collectives, each enqueued when the one before
   it ends, and a cycle of Horovod's thread takes up the process sets one after another (the
   global set, the cross-node sets, the node sets). The step inside the node, on the emulator's
@@ -59,7 +59,7 @@ has ended, so the backward pass hides what it can of them. Assumptions, each a s
   up and the broadcast down pipelined together; "binary-tree" is one binary tree, the reduction
   to the root and then the broadcast (Open MPI's allreduce "nonoverlapping" over its binary-tree
   reduce and broadcast). Both cut the message in TREE_SEGMENT_BYTES segments (tree_s). Checked
-  on namespace hosts against Open MPI's binary tree (benchmarks/figures/tree_allreduce_error.py);
+  on namespace hosts against Open MPI's binary tree (benchmarks/scaling/tree_allreduce_error.py);
   NCCL's double tree, which needs GPUs, is the same count of bytes a link carries, unchecked.
 
 `fit` chooses (efficiency, latency, spread) to minimise the largest relative error of the

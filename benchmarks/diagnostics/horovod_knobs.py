@@ -4,7 +4,7 @@
     .venv/bin/python -m benchmarks.diagnostics.horovod_knobs --arch mobilenet --batch 16 --size 1600 --epochs 3 \\
         --only "normal priority,groups 1"
 
-The settings are benchmarks/figures/horovod_idle_threads_gain.py's (that figure runs a few of
+The settings are benchmarks/trainer/horovod_idle_threads_gain.py's (that figure runs a few of
 them in every full benchmark run). Each repeat runs the defaults and every chosen setting once, in an
 order reversed every other repeat, and prints images/s per repeat, the median, and the median
 ratio to the defaults. The findings are in docs/PERFORMANCE.md. Not a figure: run.py does not
@@ -15,7 +15,7 @@ import os
 import tempfile
 
 from benchmarks import harness, trainer_runs
-from benchmarks.figures import horovod_idle_threads_gain
+from benchmarks.trainer import horovod_idle_threads_gain
 
 
 def main():

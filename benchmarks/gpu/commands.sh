@@ -7,9 +7,9 @@
 #       time to its accuracy, speed; meanwhile Horovod builds against this PyTorch (scripts/setup.sh), at
 #       the lowest priority on a quarter of the cores, and its wheel, stripped of debug
 #       information, is left in OUT
-#   bash benchmarks/gpu/commands.sh ports OUT [--kit KIT] [--budget SECONDS] [check.py flags]
+#   bash benchmarks/gpu/commands.sh ports OUT [--kit KIT] [--budget SECONDS] [gpu_check.py flags]
 #       Horovod's wheel from OUT (or a build), benchmarks/gpu/traces.py horovod (its three paths
-#       under torch.profiler), then benchmarks/gpu/check.py's jobs (the ports beside main.py, its
+#       under torch.profiler), then scripts/gpu_check.py's jobs (the ports beside main.py, its
 #       paths, Horovod's levers, resumes, CUDA paths), merged into OUT/results-gpu.json, and the
 #       allreduce probe on this GPU (tools/allreduce.py: the scaling model's terms), OUT/probe-gpu.json
 #
@@ -102,7 +102,7 @@ ports)
         "${smoke[@]}" \
         2>&1 | tee "$out/traces-horovod.log"
     [ ${#smoke[@]} -eq 0 ] || extra+=(--device cpu --quick --images 200 --only "bf16 --compile, regions")
-    timeout "$((budget - (SECONDS - started) - 70))" .venv/bin/python -m benchmarks.gpu.check --no-setup \
+    timeout "$((budget - (SECONDS - started) - 70))" .venv/bin/python -m scripts.gpu_check --no-setup \
         --images 50000 --merge "$out/results-gpu.json" --out "$out/gpu-check.json" "${extra[@]}" 2>&1 \
         | tee "$out/ports.log"
     # the scaling model's terms on this GPU: one step's time over many steps (the slowest of N),

@@ -5,7 +5,7 @@
 Runs the named trainer's main() in this process with the given flags, with
 torch.backends.cudnn.benchmark left False after devices.take_device sets it: cuDNN then takes its
 heuristics' algorithm for each convolution instead of timing them. For the GPU figures that
-compare the two (benchmarks/gpu/check.py).
+compare the two (scripts/gpu_check.py).
 """
 import importlib
 import sys

@@ -1,5 +1,5 @@
 """RESULTS.md's last section, "On a GPU", from benchmarks/results/results-gpu.json: the figures
-that benchmarks/gpu/trainer_figures.py and benchmarks/gpu/check.py measured on a GPU, with their
+that benchmarks/gpu/trainer_figures.py and scripts/gpu_check.py measured on a GPU, with their
 runs and commands. benchmarks/run.py ends RESULTS.md with it; `write` replaces it alone."""
 import json
 import os
@@ -14,13 +14,13 @@ GPU_HEADING = "## On a GPU"
 
 def section(res):
     """RESULTS.md's last section: benchmarks/results/results-gpu.json (benchmarks/gpu/trainer_figures.py,
-    then benchmarks/gpu/check.py --merge)."""
+    then scripts/gpu_check.py --merge)."""
     machine = res["machine"]
     L = [f"{GPU_HEADING}: {res['device']}", "",
          "From `results-gpu.json`, which `bash benchmarks/gpu/commands.sh trainer OUT` "
          "(benchmarks/gpu/trainer_figures.py, "
          f"{res['duration_s']:.0f} s here; torch {machine['torch']}, {machine['cpu_count']} CPU cores) and then "
-         "`... ports OUT` (benchmarks/gpu/check.py) write. Images/s are the "
+         "`... ports OUT` (scripts/gpu_check.py) write. Images/s are the "
          "trainer's own (metrics.csv, the last epoch; the first holds torch.compile's compiling). "
          "Absolute, on one machine: machines of the same kind have differed by up to 25%.", "",
          "| figure | value | goal | met |", "|---|---|---|---|"]

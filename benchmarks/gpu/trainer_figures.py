@@ -2,7 +2,7 @@
 anchors, written to benchmarks/results/results-gpu.json.
 
     python3 -m benchmarks.gpu.trainer_figures --data DIR --out FILE   # the GPU machine's PyTorch
-    python3 -m benchmarks.gpu.check --no-setup --merge FILE          # the ports (needs Horovod)
+    python3 -m scripts.gpu_check --no-setup --merge FILE             # the ports (needs Horovod)
 
 bash benchmarks/gpu/commands.sh trainer, then ports, runs both. DIR holds real CIFAR-10: cifar-10-batches-py (as
 `python main.py --download` leaves it in ./data, the default), or a pack of it with its writer

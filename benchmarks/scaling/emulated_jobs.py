@@ -7,7 +7,7 @@ scaling_model_heldout_error (every point of the held-out check) and probe_vs_emu
 import math
 
 from benchmarks import harness
-from benchmarks.gpu_cluster import h100_step_s
+from benchmarks.scaling.gpu_cluster import h100_step_s
 from tools import emulate, layer_profile, scaling_model
 
 RATE_BPS = 25e9  # the emulated links' rate, in bits per second of emulated time

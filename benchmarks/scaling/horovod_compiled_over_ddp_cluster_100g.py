@@ -24,7 +24,7 @@ import statistics
 import tempfile
 
 from benchmarks import harness
-from benchmarks.gpu_cluster import GPU_EMULATED_HOSTS, GPUS_PER_NODE, h100_step_s
+from benchmarks.scaling.gpu_cluster import GPU_EMULATED_HOSTS, GPUS_PER_NODE, h100_step_s
 from tools import emulate, layer_profile, scaling_model
 from training.ports import hvd_port
 

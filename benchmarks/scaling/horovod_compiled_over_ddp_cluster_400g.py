@@ -1,6 +1,6 @@
 """Figure horovod_compiled_over_ddp_cluster_400g: horovod_compiled_over_ddp_cluster_100g (whose
 docstring says what is measured) with 400 Gb/s between nodes."""
-from benchmarks.figures import horovod_compiled_over_ddp_cluster_100g as at_100g
+from benchmarks.scaling import horovod_compiled_over_ddp_cluster_100g as at_100g
 
 NAME = "horovod_compiled_over_ddp_cluster_400g"
 GBPS = 400

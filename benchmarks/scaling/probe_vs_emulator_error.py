@@ -32,7 +32,7 @@ import shutil
 import tempfile
 
 from benchmarks import harness
-from benchmarks.emulated_jobs import emulated_points, profiles
+from benchmarks.scaling.emulated_jobs import emulated_points, profiles
 from tools import emulate, scaling_model
 
 NAME = "probe_vs_emulator_error"

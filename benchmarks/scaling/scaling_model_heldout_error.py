@@ -10,7 +10,7 @@ dilation(): D from 62 at 2 hosts to 250 at 8 and 500 at 16). Each point's step i
 steps, as many as last about 3 s of real time (3 to 30), and each point runs at D and again at
 2D: a software cost of this machine that does not dilate adds up to c/D to a step. Where the step
 falls from D to 2D by more than its noise, the point runs at 4D, and at 8D if it falls again,
-and its step is read from where it stopped falling (benchmarks/dilated.py).
+and its step is read from where it stopped falling (benchmarks/scaling/dilated.py).
 Three models, each a CPU layer profile
 (tools/layer_profile.py, batch 32, one thread) scaled to a step of GPU size: ResNet-18 to the
 H100's measured step (results-gpu.json, batch 128, compiled bf16: 2.70 ms), MobileNetV2 and
@@ -30,7 +30,7 @@ The model is fitted on 2 and 4 hosts: Horovod with no flags, fp16 and fusion off
 no flags. Everything else is held out: 3, 6, 8 and 16 hosts, --batches-per-allreduce 4, the
 compiled backward, the hierarchical allreduce. The figure is the largest relative error of the
 step time over the held-out points; scaling_model_mean_error, their mean, is recorded beside it
-(goal 0.05). `python -m benchmarks.figures.scaling_model_heldout_error --add` measures some of
+(goal 0.05). `python -m benchmarks.scaling.scaling_model_heldout_error --add` measures some of
 the points and puts them into a committed figure, predicted by its fitted params (`added`
 records each such run).
 
@@ -44,9 +44,10 @@ import os
 import shutil
 import tempfile
 
-from benchmarks import dilated, harness
-from benchmarks.emulated_jobs import MODELS, MODES, RATE_BPS, emulated_points, profiles
-from benchmarks.gpu_cluster import GPUS, flags_text, gpu_emulate, gpu_markdown, gpu_profiles, gpu_rows
+from benchmarks import harness
+from benchmarks.scaling import dilated
+from benchmarks.scaling.emulated_jobs import MODELS, MODES, RATE_BPS, emulated_points, profiles
+from benchmarks.scaling.gpu_cluster import GPUS, flags_text, gpu_emulate, gpu_markdown, gpu_profiles, gpu_rows
 from tools import emulate, scaling_model
 
 NAME = "scaling_model_heldout_error"
@@ -310,7 +311,7 @@ def main(argv=None):
     """A part of the figure, on chosen hosts, models and ports: its points and errors as JSON;
     or, with --add, those points put into the figure of a results.json (add)."""
     import argparse
-    p = argparse.ArgumentParser(prog="python -m benchmarks.figures.scaling_model_heldout_error",
+    p = argparse.ArgumentParser(prog="python -m benchmarks.scaling.scaling_model_heldout_error",
                                 description=main.__doc__)
     p.add_argument("--hosts", default="2,3,4,6,8", help="host counts, every mode (default: %(default)s)")
     p.add_argument("--wide-hosts", default="", help="host counts, WIDE_MODES only (e.g. 16)")
@@ -338,7 +339,7 @@ def main(argv=None):
         res["figures"][NAME].setdefault("added", []).append(
             {"date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
              "commit": harness.machine_info()["commit"],
-             "command": shlex.join(["python", "-m", "benchmarks.figures.scaling_model_heldout_error",
+             "command": shlex.join(["python", "-m", "benchmarks.scaling.scaling_model_heldout_error",
                                     *(sys.argv[1:] if argv is None else argv)])})
         harness.write_json(res, args.out)
         # The page is every figure's: benchmarks.run, which holds their registry, judges and writes it.

@@ -6,7 +6,7 @@ cores (the threads each rank gets at np=2), alternating. The machine's ceiling (
 independent processes at once) is measured by scaling_efficiency_np2 and not repeated.
 """
 from benchmarks import trainer_runs
-from benchmarks.figures import scaling_efficiency_np2
+from benchmarks.trainer import scaling_efficiency_np2
 
 NAME = "ddp_scaling_efficiency_np2"
 GOAL = (">=", 0.90)

@@ -16,7 +16,7 @@ shared CPU cores is allreduce_overlap_np2's.
 import statistics
 
 from benchmarks import harness
-from benchmarks.figures import allreduce_overlap_np2 as overlap
+from benchmarks.trainer import allreduce_overlap_np2 as overlap
 
 NAME = "horovod_compiled_overlap_window_ratio"
 GOAL = (">=", 0.8)

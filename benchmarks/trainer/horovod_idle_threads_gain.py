@@ -11,7 +11,7 @@ cycle (documented for GPUs); and the previous default, Horovod's threads at norm
 how gradients are reduced, not what is summed. `python -m benchmarks.diagnostics.horovod_knobs` runs more.
 """
 from benchmarks import harness, trainer_runs
-from benchmarks.figures import horovod_vs_ddp_np2
+from benchmarks.trainer import horovod_vs_ddp_np2
 
 NAME = "horovod_idle_threads_gain"
 GOAL = (">=", 1.05)

@@ -7,7 +7,7 @@ search's best completed trial (a pruned trial never counts). The value is search
 accuracy (a fraction of the test images): 0 or more, the search found at least as good a run.
 """
 from benchmarks import harness
-from benchmarks.figures import search_wall_time_vs_grid as jobs
+from benchmarks.trainer import search_wall_time_vs_grid as jobs
 
 NAME = "search_best_acc_minus_grid"
 GOAL = (">=", 0.0)

@@ -22,7 +22,7 @@ import sys
 import time
 
 from benchmarks import harness, trainer_runs
-from benchmarks.figures import real_data_accuracy
+from benchmarks.trainer import real_data_accuracy
 
 NAME = "search_wall_time_vs_grid"
 GOAL = ("<=", 1.0)

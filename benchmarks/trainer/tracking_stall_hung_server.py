@@ -18,7 +18,7 @@ import threading
 import time
 
 from benchmarks import harness, trainer_runs
-from benchmarks.figures.mlflow_overhead_per_epoch import Server
+from benchmarks.trainer.mlflow_overhead_per_epoch import Server
 
 NAME = "tracking_stall_hung_server"
 GOAL = ("<=", 1.1)
