@@ -34,7 +34,7 @@ except ImportError:
 
 DEPLOY = os.path.join(ROOT, "deploy", "kubernetes")
 CRDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "crds")
-FOLDERS = ("horovod", "ddp", "example")
+FOLDERS = ("horovod", "ddp", "example", "example-ddp")
 K8S_VERSION = "1.32.0"  # kubectl's here; kubernetes-validate holds the schemas of 1.25 to 1.37
 VENV_PYTHON = "/opt/cifar/.venv/bin/python"  # the Dockerfile's venv, first on its PATH
 CRD_FILES = {"MPIJob": "kubeflow.org_mpijobs", "PyTorchJob": "kubeflow.org_pytorchjobs",
@@ -280,7 +280,7 @@ def rendered_all():
 @pytest.mark.parametrize("folder", FOLDERS)
 def test_each_job_passes_its_operators_schema_and_checks_and_the_restricted_profile(folder):
     docs = render(folder)
-    assert [d["kind"] for d in docs] == ["PyTorchJob" if folder == "ddp" else "MPIJob"]
+    assert [d["kind"] for d in docs] == ["PyTorchJob" if folder.endswith("ddp") else "MPIJob"]
     assert schema_errors(docs[0]) == ""
     assert operator_errors(docs[0]) == []
     assert job_errors(docs[0]) == []
@@ -412,9 +412,16 @@ def test_the_overlay_sets_gpus_slots_image_and_queue_together():
         script = f.read()
     assert "SSH_PORT=${SSH_PORT:-2222}" in script
     assert f"SSH_DIR=${{SSH_DIR:-{base['spec']['sshAuthMountPath']}}}" in script
-    ddp = job(render("ddp"))
-    gpus = {int(t["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) for t in templates(ddp).values()}
-    assert gpus == {int(ddp["spec"]["nprocPerNode"])}
+    for folder, nproc in (("ddp", 1), ("example-ddp", 8)):
+        ddp = job(render(folder))
+        pod = templates(ddp)["Worker"]["spec"]
+        gpus = int(pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+        assert gpus == int(ddp["spec"]["nprocPerNode"]) == nproc, folder
+        overlay = folder == "example-ddp"
+        registry = "registry.example.com/ml-team" if overlay else "registry.example.com"
+        assert pod["containers"][0]["image"] == f"{registry}/cifar-horovod:0.1.0", folder
+        assert pod.get("imagePullSecrets") == ([{"name": "regcred"}] if overlay else None), folder
+        assert ("kueue.x-k8s.io/queue-name" in ddp["metadata"].get("labels", {})) == overlay, folder
 
 
 def test_the_documented_commands_apply_the_storage_first_then_the_folders_tested_here():

@@ -84,8 +84,8 @@ def share_cores(device, local_rank=0, local_size=1, spare=(), start=None):
     is pinned, every thread of it, to its own share of the cores it may use, and runs
     that many torch threads. Unpinned, the ranks' compute threads and Horovod's
     background threads wander between cores, and train slower. With more local processes
-    than cores none is pinned, and each runs one thread. OMP_NUM_THREADS set by the user turns all this off (threads_chosen:
-    torchrun's own setting does not)."""
+    than cores none is pinned, and each runs one thread. OMP_NUM_THREADS set by the user
+    turns all this off (threads_chosen: torchrun's own setting does not)."""
     if device.type != "cpu" or threads_chosen():  # the user's choice, which torch has already read
         return
     cores, bound = start or starting_cores()
