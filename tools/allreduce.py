@@ -161,11 +161,11 @@ def fit_spread(rings):
 
 def step_times(model, x, y, device, steps=None, seconds=None):
     """Seconds of each plain training step (forward, backward, fused SGD step), after two warm-up
-    steps: `steps` of them, or as many as `seconds` hold (at least 3). The distribution whose
+    steps: `steps` of them, or as many as `seconds` hold (at least 2). The distribution whose
     slowest of N a synchronous step waits for."""
     opt = torch.optim.SGD(model.parameters(), lr=0.0, momentum=0.9, fused=True)
     out, i = [], 0
-    while len(out) < (steps or 3) or (steps is None and sum(out) < seconds):
+    while len(out) < (steps or 2) or (steps is None and sum(out) < seconds):
         _sync(device)
         t0 = time.perf_counter()
         opt.zero_grad()
@@ -250,7 +250,7 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=5, help="allreduces timed per size (default: %(default)s)")
     p.add_argument("--seconds", type=float, default=5.0,
                    help="seconds of training steps timed for their spread, and as many beside an allreduce "
-                        "(default: %(default)s; at least 3 steps each)")
+                        "(default: %(default)s; at least 2 steps each)")
     p.add_argument("--steps", type=int, help="time this many steps in each instead of --seconds")
     p.add_argument("--json", metavar="FILE", help="also write the figures to FILE (rank 0), for "
                    "python -m tools.predict --from FILE")
@@ -308,7 +308,7 @@ def main(argv=None):
     steps = step_times(model, x, y, device, args.steps, args.seconds)
     # Every rank runs as many backward passes beside an allreduce: the slowest's step sets how many fit.
     step_s = _slowest(hvd, statistics.median(steps), "probe.step.max")
-    pairs = args.steps or max(3, int(args.seconds / (2 * step_s + measured[-1][1])))
+    pairs = args.steps or max(2, int(args.seconds / (2 * step_s + measured[-1][1])))
     progress(f"the backward alone and beside an allreduce ({pairs} of each)")
     alone, beside = compute_beside(hvd, model, x, y, device, total, pairs)
     progress("a request's host cost, and the model's layers")
