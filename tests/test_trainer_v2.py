@@ -71,6 +71,23 @@ def test_the_trainjob_and_its_runtime_pass_the_trainers_schemas_and_the_jobs_che
     assert layout_errors({f: render(f) for f in ("horovod", "ddp", "trainer", "trainer-horovod", "storage")}) == []
 
 
+def test_the_overlay_sets_the_trainjobs_nodes_gpus_image_and_queue_together():
+    docs = render("example-trainer")
+    runtime, train = job(docs), trainjob(docs)
+    for doc in docs:
+        assert schema_errors(doc) == "", doc["kind"]
+    assert job_errors(runtime) == [] and torch_plugin_errors(runtime, train) == []
+    assert (train["spec"]["trainer"]["numNodes"], train["spec"]["trainer"]["numProcPerNode"]) == (2, 8)
+    pod = templates(runtime)["node"]["spec"]
+    assert pod["containers"][0]["image"] == "registry.example.com/ml-team/cifar-horovod:0.1.0"
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert train["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-queue"
+    # Without its own GPUs the runtime's pods would start 8 processes on 1 GPU.
+    base = templates(job(render("trainer")))["node"]["spec"]["containers"][0]["resources"]
+    assert torch_plugin_errors(job(render("trainer")), train) == [
+        f"numProcPerNode is not the pod's {base['limits']['nvidia.com/gpu']} GPUs"]
+
+
 def test_each_defect_of_the_trainjob_or_its_runtime_fails():
     docs = render("trainer")
     runtime, train = job(docs), trainjob(docs)
