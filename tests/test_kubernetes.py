@@ -432,5 +432,5 @@ def test_the_documented_commands_apply_the_storage_first_then_the_folders_tested
         assert all(w[:3] == ["kubectl", "apply", "-k"] and len(w) == 4 for w in words), lines
         # The claim before any job mounts it; then jobs only, each of them tested above.
         assert words[0][3] == "deploy/kubernetes/storage", lines
-        tested = FOLDERS + ("trainer", "trainer-horovod", "example-trainer")
+        tested = FOLDERS + ("trainer", "trainer-horovod", "example-trainer", "example-trainer-horovod")
         assert {w[3] for w in words[1:]} <= {f"deploy/kubernetes/{f}" for f in tested}, lines

@@ -193,6 +193,17 @@ def test_the_mpi_trainjob_and_its_runtime_pass_the_trainers_schemas_and_the_jobs
     assert mpi_plugin_errors(job(docs), trainjob(docs)) == []
     assert {c["image"] for t in templates(job(docs)).values() for c in t["spec"]["containers"]} == {
         "registry.example.com/cifar-horovod:0.1.0"}
+    # Its overlay: 2 nodes of 8 GPUs, 8 slots each, the image at a registry, pulled with regcred.
+    docs = render("example-trainer-horovod")
+    runtime, train = job(docs), trainjob(docs)
+    assert [schema_errors(d) for d in docs] == ["", ""] and job_errors(runtime) == []
+    assert mpi_plugin_errors(runtime, train) == []
+    assert (train["spec"]["trainer"]["numNodes"], train["spec"]["trainer"]["numProcPerNode"]) == (2, 8)
+    pods = templates(runtime)
+    assert int(pods["node"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) == 8
+    assert {c["image"] for t in pods.values() for c in t["spec"]["containers"]} == {
+        "registry.example.com/ml-team/cifar-horovod:0.1.0"}
+    assert all(t["spec"]["imagePullSecrets"] == [{"name": "regcred"}] for t in pods.values())
 
 
 def test_each_defect_of_the_mpi_runtime_fails():
