@@ -24,16 +24,14 @@ from training.run import data  # noqa: E402
 
 # `make test` runs the suite on two pytest-xdist workers (-n 2): most tests wait on processes,
 # daemons and links, and one worker at a time left a core idle. Tests that share something
-# across a module run on one worker, one after another: the namespace hosts and Slurm daemons
-# of test_multihost and test_slurm (and one_host_np2, which they compare with), the container
-# tests' podman storage and images (on hosts of subnets their own, so beside those), real
-# CIFAR-10 written
+# across a module run on one worker, one after another: the namespace hosts' link-local subnets
+# and Slurm daemons (and one_host_np2, which they all compare with), and real CIFAR-10 written
 # once, the MLflow server of test_tracking, test_search's study (with its MLflow server) and
 # test_study_store's PostgreSQL server, run once, not once per worker; and test_compile's two
 # tests in order, so that the second's Horovod job finds the first's compiled graphs in
 # Inductor's cache (12 s of CPU less) rather than compiling them beside it. Every other test is
 # a unit of its own, sent to whichever worker is free.
-ONE_WORKER = {"test_multihost": "hosts", "test_slurm": "hosts", "test_container": "containers",
+ONE_WORKER = {"test_multihost": "hosts", "test_slurm": "hosts", "test_container": "hosts",
               "test_real_data": "real_data", "test_tracking": "mlflow", "test_search": "study",
               "test_study_store": "postgres", "test_compile": "compile"}
 # Tests that time a link or a sleep, which a second worker's load would skew: marked `alone`,
