@@ -96,7 +96,6 @@ def run(main, args, argv):
         raise UsageError("--search needs optuna, which this environment lacks: run `make setup` "
                          "where pip reaches a package index, or `pip install optuna`") from None
     per_run = check_search(args, argv, MPI.COMM_WORLD.Get_size())
-    argv = list(sys.argv[1:] if argv is None else argv)
     parent = groups.nested(args)  # the search's MLflow run, with --mlflow
     groups.run_job(StudyJob(main, args, argv, per_run, parent))
 

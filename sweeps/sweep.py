@@ -23,7 +23,6 @@ last finished epoch.
 """
 import itertools
 import os
-import sys
 
 from sweeps import flags, groups, report
 from sweeps.run_queue import RunQueue
@@ -61,7 +60,6 @@ def run(main, args, argv):
     (groups.run_job of a GridJob); RunsFailed where a run failed."""
     from mpi4py import MPI
     runs, per_run = check_sweep(args, argv, MPI.COMM_WORLD.Get_size())
-    argv = list(sys.argv[1:] if argv is None else argv)
     parent = groups.nested(args)  # the sweep's MLflow run, with --mlflow
     groups.run_job(GridJob(main, args, argv, runs, per_run, parent))
 
