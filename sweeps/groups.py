@@ -188,3 +188,12 @@ def wait_for_every_run(world):
     done = world.Ibarrier()
     while not done.Test():
         time.sleep(0.2)
+
+
+def shared(comm, value):
+    """comm.bcast(value) from rank 0, which may be waiting (for a folder, a database): the
+    other processes look every 0.2 s meanwhile, as in wait_for_every_run, and spin no core."""
+    if comm.Get_size() == 1:
+        return value
+    wait_for_every_run(comm)
+    return comm.bcast(value, root=0)

@@ -35,7 +35,7 @@ import uuid
 from sweeps import flags, groups, report, store
 from sweeps.headed import headed
 from training.base.errors import UsageError
-from training.run import cli, launch, tracking
+from training.run import cli, launch, rundir, tracking
 
 
 def trial_folder(args, number):
@@ -368,6 +368,11 @@ class Study:
         trial_id = self.study.get_trials(deepcopy=False)[number]._trial_id
         return self.study._storage.get_trial(trial_id).user_attrs.get("owner") == self.owner
 
+    def reported(self, number):
+        """The epochs trial `number` has reported, read from the storage itself."""
+        trial_id = self.study.get_trials(deepcopy=False)[number]._trial_id
+        return len(self.study._storage.get_trial(trial_id).intermediate_values)
+
     def _after_epoch(self, number, epoch, history, whys):
         from optuna.trial import TrialState
         trial = self.live(number)
@@ -397,6 +402,31 @@ class Study:
         return "train"
 
 
+@contextlib.contextmanager
+def held_trial(args, group, study, number, done):
+    """The trial's folder held by the group's rank 0 while the group trains the trial. A group
+    whose trial was taken up (its heartbeat went stale) trains on to its epoch's end and then
+    lets go: the group that took it up waits until then, and goes on from that epoch's
+    checkpoint, so no epoch is trained twice, nor by two groups at once. Yields the epochs the
+    trial has reported, read again once held; None where the trial is no longer the group's."""
+    folder = trial_folder(args, number)
+    if study:
+        rundir.hold_waiting(folder, lambda holder: print(
+            f"trial {number}: its folder is held by {holder} (the group that had it, until its "
+            "epoch ends); waiting", flush=True))
+        mine = store.retried(lambda: study.owned(number))
+        if mine:
+            done = store.retried(lambda: study.reported(number))
+        else:
+            print(f"trial {number} was taken up by another group; this group leaves it", flush=True)
+            done = None
+    try:
+        yield groups.shared(group, done)
+    finally:
+        if study:
+            rundir.let_go(folder)
+
+
 def train_trial(main, args, argv, group, study, number, values, done):
     """Train trial `number` in this group from the epoch after `done` (the epochs it has
     reported), one epoch per run of main (groups.run_in_group), until it completes, is pruned or
@@ -404,7 +434,10 @@ def train_trial(main, args, argv, group, study, number, values, done):
     head = f"trial {number}"
     # From its last epoch again where that was reported but the trial not told complete (a
     # process killed in between): the run then trains nothing and gives the epoch's figures.
-    with study.beating(number) if study else contextlib.nullcontext():
+    with study.beating(number) if study else contextlib.nullcontext(), \
+            held_trial(args, group, study, number, done) as done:
+        if done is None:
+            return
         for epoch in range(min(done + 1, args.epochs), args.epochs + 1):
             history, why = groups.run_in_group(main, trial_argv(args, argv, number, values,
                                                                 epoch), group, head, head)

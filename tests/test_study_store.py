@@ -1,14 +1,16 @@
 """Where a search keeps its study (sweeps/store.py): the journal file never lets a second writer
 in, however long a lock is held; and a real PostgreSQL server (tests/servers.py), on which jobs
-share a study, a trial whose group was killed is taken up by a live group under its number, and
-a job stopped by SIGTERM and submitted again ends with exactly its trials, none trained twice,
-through a restart of the database; and a database gone for good ends the whole job in one line.
+share a study, a trial whose group was frozen is taken up by a live group under its number once
+the frozen group lets go of it, a job stopped by SIGTERM and submitted again ends with exactly
+its trials, none trained twice, through a restart of the database; and a database gone for
+good ends the whole job in one line.
 """
 import os
 import re
 import shlex
 import signal
 import threading
+import time
 import types
 
 import psutil
@@ -30,7 +32,9 @@ from helpers import (
 )
 from servers import PostgresServer, free_port
 from sweeps import search, store
+from training.base import safeio
 from training.base.errors import UsageError
+from training.run import rundir
 
 SPACE = ["--search", "lr=0.02,0.05", "--search", "label-smoothing=0:0.2", "--ranks-per-run", 1, "--pruner", "none"]
 CANARY = "canary-Pw-7d1e"  # a password that must reach no file and no line
@@ -77,35 +81,60 @@ def test_the_journal_never_breaks_a_lock_however_long_held(tmp_path):
     assert written.wait(30) and study.user_attrs == {"x": 1}
 
 
-def test_a_killed_jobs_trial_is_taken_up_by_a_live_job_under_its_number(data_dir, tmp_path, postgres, jobs):
-    # Two jobs on the same study, as on two hosts. Job A is killed (SIGKILL) in its first trial,
-    # after its first epoch: job B takes that trial up once its heartbeat is stale, from its
-    # checkpoint, and ends the study: 3 trials, each epoch of each trained once.
-    url = postgres.database("killed")
+def frozen_in_a_trial(proc, url, port, ck):
+    """SIGSTOP `proc` at a moment when it holds a trial's folder (it trains that trial) and
+    none of its connections to the database on `port` is in a transaction (it holds no lock
+    another job would wait on while it is frozen); returns that trial's number."""
+    import sqlalchemy
+    engine = sqlalchemy.create_engine(url, poolclass=sqlalchemy.pool.NullPool)
+    query = sqlalchemy.text("SELECT state FROM pg_stat_activity WHERE client_port = ANY(:ports)")
+    try:
+        for _ in range(500):
+            proc.suspend()
+            held = [int(p.parent.name.split("-")[1]) for p in ck.glob(f"trial-*/{rundir.HOLDER}")
+                    if (safeio.holder_of(str(p)) or "").endswith(f"process {proc.pid}")]
+            ports = [c.laddr.port for c in proc.net_connections("tcp") if c.raddr and c.raddr.port == port]
+            with engine.connect() as connection:
+                states = [row[0] for row in connection.execute(query, {"ports": ports})]
+            if held and set(states) <= {"idle"}:
+                return held[0]
+            proc.resume()
+            time.sleep(0.01)
+    finally:
+        engine.dispose()
+    raise AssertionError(f"process {proc.pid} never held a trial out of a transaction: {states}")
+
+
+def test_a_frozen_jobs_trial_is_taken_up_by_a_live_job_once_it_lets_go(data_dir, tmp_path, postgres, jobs):
+    # Two jobs on the same study, as on two hosts. Job A is frozen (SIGSTOP) while it trains a
+    # trial: job B takes that trial up once its heartbeat is stale, and waits for its folder.
+    # A, thawed, ends its epoch there, finds the trial gone and leaves it; B goes on from A's
+    # checkpoint. Both end the study: 3 trials, each epoch of each trained once.
+    url = postgres.database("frozen")
     ck = tmp_path / "ck"
     args = [*common_args(data_dir, ck, epochs=3), *SPACE, "--trials", 3, "--storage", url, "--heartbeat", BEAT]
     a = jobs(horovod_cmd(1, args, script="main_sweep.py"), env_extra=ONE_THREAD)
-    started = wait_until(lambda: re.search(r"^trial (\d+) starts", a.output(), re.M), 120, "job A's first trial", a)
-    number = int(started.group(1))
+    wait_until(lambda: re.search(r"^trial \d+ starts", a.output(), re.M), 120, "job A's first trial", a)
     b = jobs(horovod_cmd(1, args, script="main_sweep.py"), env_extra=ONE_THREAD)
-    wait_until(lambda: metrics_rows(ck / f"trial-{number}"), 120, f"trial {number}'s first epoch", a)
     ranks = [p for p in psutil.Process(a.proc.pid).children(recursive=True) if "main_sweep.py" in " ".join(p.cmdline())]
     assert len(ranks) == 1, ranks
-    ranks[0].kill()
-    assert a.wait(timeout=60) != 0
+    number = frozen_in_a_trial(ranks[0], url, postgres.port, ck)
+    try:
+        assert db_trials(url, ck)[number].state.name == "RUNNING"
+        wait_until(lambda: re.search(rf"^trial {number}: its folder is held by .*process {ranks[0].pid}\b.*waiting",
+                                     b.output(), re.M), 120, f"job B taking trial {number} up", b)
+    finally:
+        ranks[0].resume()
     assert b.wait(timeout=300) == 0, b.output()[-4000:]
-    out_b = b.output()
+    assert a.wait(timeout=120) == 0, a.output()[-4000:]
+    out_a, out_b = a.output(), b.output()
     assert re.search(rf"^trial {number} resumes", out_b, re.M) and "Warning" not in out_b, out_b[-3000:]
+    assert re.search(rf"^trial {number} was taken up by another group", out_a, re.M), out_a[-3000:]
     got = db_trials(url, ck)
     assert [t.number for t in got] == [0, 1, 2] and {t.state.name for t in got} == {"COMPLETE"}, got
-    # What A kept of its trial is what B's first run of it resumes (A's output is no record:
-    # mpirun may drop a killed rank's last lines).
-    kept = re.search(rf"^trial {number} (?:resuming \S+ after epoch|\S+ has finished epoch) (\d+)", out_b, re.M)
-    assert kept, out_b[-3000:]
     for t in got:
         assert [int(r["epoch"]) for r in read_metrics(ck / f"trial-{t.number}")] == [1, 2, 3]
-        ran = list(range(1, int(kept.group(1)) + 1)) if t.number == number else []
-        assert sorted(ran + trained(out_b, t.number)) == [1, 2, 3], t.number
+        assert sorted(trained(out_a, t.number) + trained(out_b, t.number)) == [1, 2, 3], t.number
     assert f"study {url}: 3 trials, 3 complete" in out_b
     # A trial asked for whose process died before it claimed it (no heartbeat at all): the next
     # job takes it up.

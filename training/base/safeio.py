@@ -6,7 +6,8 @@ another process writing the same file at the same moment never leaves a partial
 file behind; the file gets the mode a plain open() would give it (0666 less the
 umask), so a group shares what the run writes where the umask lets it. `once` does
 a piece of work once however many processes, on however many hosts sharing the
-folder, ask for it at the same time; `hold` keeps a folder for one process at a time.
+folder, ask for it at the same time; `hold` keeps a folder for one process at a time
+(until it ends, or `let_go`).
 Nothing here knows what the files hold.
 """
 import contextlib
@@ -158,6 +159,15 @@ def hold(path, owner, hint="fix the folder's permissions"):
     os.pwrite(fd, owner.encode() + b"\n", 0)
     _held_locks[path] = fd
     return None
+
+
+def let_go(path):
+    """Let go of the lock `hold` took on `path` before the process ends (nothing where this
+    process does not hold it): a process that trains one run after another (a search's group)
+    holds each run's folder only while it trains it."""
+    fd = _held_locks.pop(os.path.abspath(path), None)
+    if fd is not None:
+        os.close(fd)  # the lock goes with the descriptor
 
 
 def holder_of(path):

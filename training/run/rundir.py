@@ -3,16 +3,19 @@ at a time while it writes there.
 
 `preflight` fails at once on what would fail later (no checkpoint to resume or evaluate, a
 folder that cannot be written, a checkpoint a fresh run would replace). `hold` then makes the
-folder the run's, with a lock the kernel drops with the process, before anything is written.
+folder the run's, with a lock the kernel drops with the process, before anything is written;
+`hold_waiting` and `let_go` hold it across runs of one process (a search's trial).
 Only the process that reports does either: on several hosts the others may not see the folder.
 What is saved there, and how it is read, is checkpoints.py's.
 """
 import os
 import socket
+import time
 
 from training.base.errors import TrainerError, UsageError
 from training.base.safeio import hold as hold_lock
 from training.base.safeio import holder_of
+from training.base.safeio import let_go as let_go_lock
 from training.run import checkpoints
 
 HOLDER = ".run.lock"  # in --checkpoint-dir: locked by the run that writes there
@@ -76,6 +79,27 @@ def hold(args, reports=True):
     if holder is not None:
         raise _in_use(folder, holder)
     refuse_replacing(args)
+
+
+def hold_waiting(folder, waits):
+    """Hold `folder` as a run does (hold), waiting while another process holds it, and calling
+    waits(holder) once if it does: a process that trains runs in turn (a search's group, a
+    trial at a time) takes a trial's folder only once the group that had it let go. Ended by
+    let_go; the run's own hold then finds the folder held already."""
+    os.makedirs(folder, exist_ok=True)
+    owner = f"host {socket.gethostname()}, process {os.getpid()}"
+    said = False
+    while (holder := hold_lock(os.path.join(folder, HOLDER), owner,
+                               hint="fix the permissions of --checkpoint-dir")) is not None:
+        if not said:
+            waits(holder or "a run starting")
+            said = True
+        time.sleep(1.0)
+
+
+def let_go(folder):
+    """Let go of a folder held by hold_waiting (or a run's hold), before the process ends."""
+    let_go_lock(os.path.join(folder, HOLDER))
 
 
 def _in_use(folder, holder):
