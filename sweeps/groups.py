@@ -112,14 +112,16 @@ def on_rank0(fn):
 
 def nested(args):
     """main_sweep.py's MLflow run, where --mlflow asks for one (tracking.parent_run), every run
-    or trial of this process nested under it: its Tracker on world rank 0, else None."""
+    or trial of this process nested under it: its Tracker on world rank 0, else None. Its lines
+    are headed "search" or "sweep", as a run's or a trial's are by its name."""
     from mpi4py import MPI
 
     from training.run import tracking
     parent = {}
 
     def start():
-        parent["tracker"], run_id = tracking.parent_run(args, MPI.COMM_WORLD.Get_size())
+        with headed("search" if args.search else "sweep"):  # its sender's lines too
+            parent["tracker"], run_id = tracking.parent_run(args, MPI.COMM_WORLD.Get_size())
         return run_id
     tracking.nest_runs_under(on_rank0(start))
     return parent.get("tracker")

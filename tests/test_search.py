@@ -4,8 +4,10 @@ One study of 6 trials on 2 single-process groups (mpirun -np 2), the median prun
 random sampler, over a space whose learning rates include one that diverges (1e38) and one
 that learns nothing (1e-5), made once for the module: the journal holds 6 trials, each
 complete, pruned (before its last epoch) or failed (with its reason), and the search went on
-after a failure; every line the trials print names its trial; the command printed for the best
-trial retrains it alone with main_horovod.py, bitwise the trial. A study stopped by SIGTERM and
+after a failure; its MLflow server, stopped while trials start and started again, gets each
+trial as one run under the search's, ended as Optuna ended it; every line the trials print
+names its trial; the command printed for the best trial retrains it alone with
+main_horovod.py, bitwise the trial. A study stopped by SIGTERM and
 submitted again ends with exactly its trials, none trained twice. Bad input stops in one line,
 exit status 2, with nothing written. optuna-dashboard serves the study.
 
@@ -18,6 +20,7 @@ import re
 import shlex
 import signal
 import subprocess
+import types
 import urllib.request
 
 import pytest
@@ -31,6 +34,7 @@ from helpers import (
     BIN,
     ONE_THREAD,
     PY,
+    ROOT,
     assert_ok,
     assert_states_equal,
     common_args,
@@ -45,6 +49,7 @@ from helpers import (
     skip_or_fail,
     wait_until,
 )
+from helpers import env as env_of
 from servers import MlflowServer, free_port
 from sweeps import search, store
 from training.base.errors import UsageError
@@ -87,9 +92,45 @@ def study(data_dir, tmp_path_factory, mlflow_server):
             "--pruner", "median", "--sampler", "random"]
     # The tracking URI carries a password, as a server behind basic authentication needs (this
     # one ignores it): it is in no file the search wrote and in no line it printed.
-    tracked = ["--mlflow", mlflow_server.uri.replace("://", f"://tracker:{CANARY}@")] if mlflow_server else []
-    r = run(search_cmd(2, [*args, *tracked]), timeout=300, env_extra=dict(ONE_THREAD, MLFLOW_EXPERIMENT_NAME="study"))
-    return ck, args, r
+    if mlflow_server is None:
+        return ck, args, run(search_cmd(2, args), timeout=300, env_extra=ONE_THREAD)
+    tracked = ["--mlflow", mlflow_server.uri.replace("://", f"://tracker:{CANARY}@")]
+    cmd = search_cmd(2, [*args, *tracked])
+    return ck, args, searched_with_the_server_down_a_while(cmd, mlflow_server, ck.parent)
+
+
+def searched_with_the_server_down_a_while(cmd, server, folder):
+    """The search `cmd` run with `server` stopped once the search's own run is on it, and started
+    again once two trials have started without it (they train anyway, and make their runs when
+    it answers): its result as run() gives it, with .down, the trials that started while down."""
+    # A trial's end waits 2 s for the server, not 30: it is sent once the server answers.
+    env = env_of(dict(ONE_THREAD, MLFLOW_EXPERIMENT_NAME="study", CIFAR_MLFLOW_WAIT_S="2"))
+    with open(folder / "out", "w") as out, open(folder / "err", "w") as err:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    started = lambda: set(re.findall(r"^trial (\d+) starts", (folder / "out").read_text(), re.M))  # noqa: E731
+
+    def started_down():  # the trials started since `before`, once two have, one saying so
+        new, said = started() - before, (folder / "out").read_text() + (folder / "err").read_text()
+        return len(new) >= 2 and any(re.search(rf"^trial {n} mlflow: .* does not answer", said, re.M) for n in new)
+    client = MlflowClient(server.uri)
+    try:
+        wait_until(lambda: proc.poll() is not None or client.search_runs(
+            [e.experiment_id for e in client.search_experiments() if e.name == "study"]), 120, "the search's run")
+        before = started()
+        server.stop()
+        try:
+            wait_until(lambda: proc.poll() is not None or started_down(), 120, "two trials without the server")
+            down = started() - before
+        finally:
+            server.start()
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return types.SimpleNamespace(returncode=proc.returncode, stdout=(folder / "out").read_text(),
+                                 stderr=(folder / "err").read_text(), down=down)
 
 
 def test_six_trials_on_two_groups_each_complete_pruned_or_failed(study):
@@ -131,6 +172,7 @@ def test_each_trial_is_an_mlflow_run_under_the_search_ended_as_optuna_ended_it(s
     parent = next(x for x in runs if x.info.run_name == "ck" and "mlflow.parentRunId" not in x.data.tags)
     children = {x.info.run_name: x for x in runs if x.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
     ended = {"COMPLETE": "FINISHED", "PRUNED": "KILLED", "FAIL": "FAILED"}
+    assert len(children) == len(runs) - 1, sorted(x.info.run_name for x in runs)  # one run a trial
     got = {name: (x.data.tags.get("optuna.state"), x.info.status) for name, x in children.items()}
     assert got == {f"trial-{t.number}": (t.state.name, ended[t.state.name]) for t in trials(ck)}, got
     assert "search.csv" in {f.path for f in client.list_artifacts(parent.info.run_id)}
@@ -138,15 +180,22 @@ def test_each_trial_is_an_mlflow_run_under_the_search_ended_as_optuna_ended_it(s
                if p.is_file() and CANARY.encode() in p.read_bytes()]
     assert written == [] and CANARY not in r.stdout + r.stderr, written
     assert f"at http://tracker:***@127.0.0.1:{mlflow_server.port}" in r.stdout
+    # The trials that started while the server was down trained anyway, and each run (those too)
+    # has each epoch the trial trained, once.
+    assert len(r.down) >= 2, r.down
+    for name, x in children.items():
+        trained = [int(row["epoch"]) for row in metrics_rows(ck / name)]
+        assert sorted(m.step for m in client.get_metric_history(x.info.run_id, "test_acc")) == trained, name
 
 
 def test_every_line_of_the_trials_names_its_trial(study):
-    # Every line before the summary, on stdout and stderr, is a trial's.
+    # Every line before the summary, on stdout and stderr, is a trial's, or one of the search's
+    # own MLflow run (the server stopped a while).
     _, _, r = study
     out = r.stdout.splitlines()
     trial_lines = out[:next(i for i, ln in enumerate(out) if ln.startswith("study "))] + r.stderr.splitlines()
     assert len([ln for ln in trial_lines if re.search(r" epoch \d/3 ", ln)]) >= 6
-    unnamed = [ln for ln in trial_lines if not re.match(r"(main_sweep\.py: error: )?trial \d+[ :]", ln)]
+    unnamed = [ln for ln in trial_lines if not re.match(r"(main_sweep\.py: error: )?trial \d+[ :]|search mlflow: ", ln)]
     assert not unnamed, unnamed
 
 

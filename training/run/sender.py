@@ -8,7 +8,8 @@ seconds; when the server answers again it says so and sends what it kept. `end` 
 run's end (files, tags, a status) and waits at most FINISH_WAIT_S (the variable
 CIFAR_MLFLOW_WAIT_S where set) for all of it to reach the server; what did not is named in one
 line. A pause (--stop-at short of --epochs, a search's trial between its epochs, an elastic
-world replaced) waits at most PAUSE_WAIT_S, quietly: the run's next tracker sends what is left.
+world replaced) waits at most PAUSE_WAIT_S, quietly: the run's next tracker sends what is left,
+its sender taking over from the one before in the process.
 A request waits at most MLFLOW_HTTP_REQUEST_TIMEOUT seconds (10 here unless set) and is
 not retried by MLflow itself (MLFLOW_HTTP_REQUEST_MAX_RETRIES 0 unless set): the sender's own
 retries take its place.
@@ -39,6 +40,7 @@ MODEL_NAME = "model"  # the artifact folder of the model --mlflow-log-model logs
 LINGER_S = 300.0  # how long a sender goes on trying after its end stopped waiting for it
 live = set()  # the trackers of this process not yet closed (tracking.end_unfinished)
 busy = set()  # the senders whose thread is running (drain)
+newest = {}  # a run folder -> the newest sender of this process for its run (Sender._succeed)
 
 
 def drain(seconds):
@@ -98,6 +100,9 @@ class Sender:
         self.inbox = queue.SimpleQueue()
         self.made = threading.Event()  # the run exists on the server
         self.lock, self.running, self.thread = threading.Lock(), False, None
+        self.retired = False  # a later sender of the run took over (_succeed)
+        folder = os.path.abspath(tracker.folder)
+        self.before, newest[folder] = newest.get(folder), self
         # Its lines go where the run's go (a sweep's run heads each of its lines with its name),
         # also once the run has returned.
         self.out, self.err = sys.stdout, sys.stderr
@@ -169,6 +174,9 @@ class Sender:
     # The thread.
 
     def _serve(self):
+        if self.before is not None:
+            self._succeed(self.before)
+            self.before = None
         ends, give_up = [], None  # the ends handed, in order; when the thread stops trying
         while True:
             try:
@@ -187,6 +195,11 @@ class Sender:
                 elif kind == "end":
                     ends.append(value)
                     give_up = time.monotonic() + finish_wait_s() + LINGER_S
+            if self.retired:  # its rows and ends are the later sender's to send
+                with self.lock:
+                    self.running = False
+                    busy.discard(self)
+                    return
             if self._sync():
                 if not ends:
                     self._watch()
@@ -199,6 +212,21 @@ class Sender:
                         self.running = False
                         busy.discard(self)
                         return
+
+    def _succeed(self, before):
+        """Take over from the run's earlier sender in this process (a search's trial has a
+        tracker an epoch; an elastic world replaced has a new one): it stops trying once its
+        request in flight has returned, and a run it made is this sender's run. Otherwise each
+        sender still trying, after its tracker paused with the server down, would make a run of
+        its own once the server answered."""
+        with before.lock:
+            before.retired = True
+            thread = before.thread if before.running else None
+        if thread is not None:
+            before.inbox.put(("retired", None))  # wakes it from its wait between tries
+            thread.join()
+        if self.run_id is None and before.made.is_set():
+            self.run_id, self.known = before.run_id, False  # what the server has is read first
 
     def _sync(self):
         """Everything kept sent; False (said once) where the server did not take it."""
