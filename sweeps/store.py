@@ -22,12 +22,13 @@ Two stores, after Optuna's guidance for several processes and for several machin
   go away for a while (a restart, a failover, a connection dropped while idle): every call to it
   checks its connection first (pool_pre_ping) and is retried for up to RETRY_S seconds
   (CIFAR_STUDY_RETRY_S where set), so that costs the job a pause, not its end; a trial being
-  taken when the connection dropped is taken again from the start. A database away for longer
-  ends the job, every process of it (groups.abort_job).
+  taken when the connection dropped is taken again from the start. A database away for longer,
+  or a call that hangs that long (`watched`), ends the job, every process of it.
 """
 import contextlib
 import json
 import os
+import sys
 import threading
 import time
 import urllib.parse
@@ -243,17 +244,17 @@ class Database:
         import sqlalchemy
         if self._engine is None:
             self._engine = sqlalchemy.create_engine(self.url, poolclass=sqlalchemy.pool.NullPool)
-        connection = self._engine.connect()
+        connection = watched(self._engine.connect)
         try:
             transaction = connection.begin()
-            connection.execute(sqlalchemy.text("SELECT pg_advisory_xact_lock(:key)"),
-                               {"key": _lock_key(self.folder)})
+            lock = sqlalchemy.text("SELECT pg_advisory_xact_lock(:key)")
+            watched(lambda: connection.execute(lock, {"key": _lock_key(self.folder)}))
             self._held = connection
             try:
                 yield
             finally:
                 self._held = None
-            transaction.commit()
+            watched(transaction.commit)
         finally:
             with contextlib.suppress(Exception):
                 connection.close()
@@ -266,8 +267,8 @@ class Database:
         from optuna.trial import TrialState
         import sqlalchemy
         stale = set(study._storage._get_stale_trial_ids(study._study_id))  # no public call
-        beating = {row[0] for row in self._held.execute(
-            sqlalchemy.text("SELECT trial_id FROM trial_heartbeats"))}  # Optuna's own table
+        beating = {row[0] for row in watched(lambda: self._held.execute(
+            sqlalchemy.text("SELECT trial_id FROM trial_heartbeats")))}  # Optuna's own table
         running = study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
         return min((t.number for t in running if t._trial_id in stale
                     or t._trial_id not in beating), default=None)
@@ -357,6 +358,32 @@ def retried(call, seconds=None, say=print):
         return out
 
 
+def watched(call, seconds=None):
+    """call(), bounded by `seconds` (retry_s()): a database that hangs rather than fails (its
+    server frozen, or packets dropped on the way: a query then waits on TCP for many minutes,
+    and no retry starts) ends the job as one out of retries does, one line and every process
+    ended (MPI_Abort), since the call in flight cannot be interrupted."""
+    seconds = seconds or retry_s()
+    done = threading.Event()
+
+    def watch():
+        if done.wait(seconds):
+            return
+        from training.run import launch
+        launch.say(f"{os.path.basename(sys.argv[0])}: error (rank {launch.launcher_rank()}): the "
+                   f"study's database did not answer for {seconds:g} s (a call hung); submit the "
+                   "same command again once it answers: the study goes on from its checkpoints")
+        mpi = sys.modules.get("mpi4py.MPI")  # imported, not started here
+        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+            mpi.COMM_WORLD.Abort(TrainerError.exit_code)
+        os._exit(TrainerError.exit_code)
+    threading.Thread(target=watch, name="database watch", daemon=True).start()
+    try:
+        return call()
+    finally:
+        done.set()
+
+
 def retry_s():
     """How long a call to the study's database is retried: RETRY_S, or CIFAR_STUDY_RETRY_S."""
     return float(os.environ.get("CIFAR_STUDY_RETRY_S", RETRY_S))
@@ -378,7 +405,8 @@ def retrying_rdb():
 
         def wrap(method):
             def call(self, *a, **kw):
-                return retried(lambda: method(self, *a, **kw), getattr(self, "retry_s", None))
+                seconds = getattr(self, "retry_s", None)
+                return retried(lambda: watched(lambda: method(self, *a, **kw), seconds), seconds)
             call.__name__, call.__doc__ = method.__name__, method.__doc__
             return call
         # Its public calls, and the private ones Optuna's cache in front of it makes.

@@ -118,6 +118,23 @@ class PostgresServer:
         data = os.path.join(self.folder, "data")
         self._as_user([os.path.join(self.bin, "pg_ctl"), "-D", data, "-m", "immediate", "-w", "stop"], timeout)
 
+    def processes(self):
+        """The server's processes: the postmaster first, then its backends and workers."""
+        import psutil
+        with open(os.path.join(self.folder, "data", "postmaster.pid")) as f:
+            postmaster = psutil.Process(int(f.readline()))
+        return [postmaster, *postmaster.children(recursive=True)]
+
+    def freeze(self):
+        """Stop every process of the server (SIGSTOP), its connections left open: a server that
+        hangs, as one on a host that stopped answering does. `thaw` goes on."""
+        for p in self.processes():
+            p.suspend()
+
+    def thaw(self):
+        for p in self.processes():
+            p.resume()
+
     def stop(self):
         if self.folder is None:
             return

@@ -3,7 +3,7 @@ in, however long a lock is held; and a real PostgreSQL server (tests/servers.py)
 share a study, a trial whose group was frozen is taken up by a live group under its number once
 the frozen group lets go of it, a job stopped by SIGTERM and submitted again ends with exactly
 its trials, none trained twice, through a restart of the database; and a database gone for
-good ends the whole job in one line.
+good, or hung, ends the whole job in one line.
 """
 import os
 import re
@@ -225,21 +225,25 @@ def test_a_storage_that_is_not_postgresql_or_does_not_answer_is_one_line(data_di
     assert "secret" not in r.stderr + r.stdout and not (tmp_path / "ck").exists()
 
 
-def test_a_database_gone_for_good_ends_every_process_of_the_job_in_one_line(data_dir, tmp_path, postgres, jobs):
-    # Two groups; the database stops for good in the middle of their trials, and the calls are
-    # retried for 3 s here (60 s by default). The job then ends, every process of it, with the
-    # reason in one line: no group waits forever for one that met the error.
-    url = postgres.database("gone")
+@pytest.mark.parametrize("fault", ["gone", "hung"])
+def test_a_database_gone_for_good_or_hung_ends_every_process_of_the_job_in_one_line(
+        fault, data_dir, tmp_path, postgres, jobs):
+    # Two groups; the database stops for good, or hangs (every process of the server frozen:
+    # calls wait on TCP, and nothing fails), in the middle of their trials, and the calls are
+    # retried, or waited for, 3 s here (60 s by default). The job then ends, every process of
+    # it, with the reason in one line: no group waits forever for one that met the error.
+    url = postgres.database(fault)
     ck = tmp_path / "ck"
     args = [*common_args(data_dir, ck, epochs=3), *SPACE, "--trials", 4, "--storage", url, "--heartbeat", 10]
     job = jobs(horovod_cmd(2, args, script="main_sweep.py"), env_extra={**ONE_THREAD, "CIFAR_STUDY_RETRY_S": "3"})
     wait_until(lambda: re.search(r"^trial \d+ epoch 1/", job.output(), re.M), 120, "a trial's epoch", job)
-    postgres.crash()
+    postgres.crash() if fault == "gone" else postgres.freeze()
     try:
         assert job.wait(timeout=120) != 0
     finally:
-        postgres.serve()
+        postgres.serve() if fault == "gone" else postgres.thaw()
     out = job.output()
-    said = r"^main_sweep.py: error \(rank \d\): the study's database did not answer for 3 s \("
+    why = r"\(a call hung\)" if fault == "hung" else r"\((?!a call hung)"
+    said = r"^main_sweep.py: error \(rank \d\): the study's database did not answer for 3 s " + why
     assert re.search(said, out, re.M), out[-3000:]
     assert "Traceback" not in out, out[-3000:]
