@@ -313,7 +313,7 @@ class Database:
             yield
         finally:
             stop.set()
-            thread.join()
+            thread.join(retry_s())  # a beat hung on a connection the network dropped: left
 
 
 def connection_lost(e):
