@@ -44,6 +44,7 @@ from helpers import (
     wait_until,
     without_lr,
 )
+from training.run import tracking
 
 DISCOVER = os.path.join(ROOT, "scripts", "discover_hosts.sh")
 JOB_TIMEOUT = CLUSTER_JOB_TIMEOUT
@@ -121,11 +122,28 @@ def test_horovodrun_mpi_four_ranks_on_two_slots_per_host(cluster, data_dir, tmp_
 # ---------------------------------------------------------------------------
 # Failures across hosts
 
+def nodes_monitored(store, ck):
+    """The hosts whose system metrics (--mlflow-system-metrics) are in the run, once rank 0 has
+    made it (before, a client would make the store's tables beside it)."""
+    if not (ck / tracking.RUN_FILE).exists():
+        return set()
+    from mlflow.tracking import MlflowClient
+    run = MlflowClient(store).get_run(tracking.read_run_file(ck)["mlflow_run_id"])
+    return {key.split("/")[1] for key in run.data.metrics if key.startswith("system/") and key.count("/") == 2}
+
+
 def test_kill_9_on_the_second_host_ends_the_job_and_resume_loses_nothing(cluster, data_dir, tmp_path, jobs):
-    ck = tmp_path / "ck"
-    job = jobs(cluster.launch("gloo", 2, common_args(data_dir, ck, "--warmup-epochs", 0, epochs=UNTIL_ENDED)),
-               env_extra=dict(cluster.env, **ONE_THREAD))
-    wait_until(lambda: len(metrics_rows(ck)) >= 2, 120, "2 finished epochs", job)
+    # Tracked in an MLflow store on the filesystem the hosts share, with --mlflow-system-metrics:
+    # before the kill, the one run has each host's system metrics (rank 0's host's from rank 0,
+    # the other's from its first process).
+    ck, store = tmp_path / "ck", f"sqlite:///{tmp_path}/mlflow.db"
+    args = common_args(data_dir, ck, "--warmup-epochs", 0, "--mlflow", store, "--mlflow-system-metrics",
+                       epochs=UNTIL_ENDED)
+    job = jobs(cluster.launch("gloo", 2, args),
+               env_extra=dict(cluster.env, **ONE_THREAD, MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL="0.5"))
+    hosts = {f"{cluster.env['CLUSTER_NAME']}-h{i}" for i in (1, 2)}
+    wait_until(lambda: len(metrics_rows(ck)) >= 2 and nodes_monitored(store, ck) == hosts, 120,
+               "2 finished epochs and both hosts' system metrics", job)
     pids = rank_pids("main_horovod.py", str(ck))
     remote = trainer_pids("main_horovod.py", str(ck), HOROVOD_HOSTNAME=cluster.addresses[1])
     assert set(pids) == {0, 1} and set(remote) == {pids[1]}, (pids, remote)

@@ -133,8 +133,9 @@ def build_parser(doc):
       help="with --mlflow-log-model, register the model as a version of NAME in MLflow's "
            "model registry")
     a("--mlflow-system-metrics", action="store_true",
-      help="with MLflow, also log the node's CPU, memory, disk, network (and GPU, with pynvml) "
-           "use as system/HOST/... metrics, from rank 0's node (needs psutil)")
+      help="with MLflow, also log each node's CPU, memory, disk, network (and GPU, with pynvml) "
+           "use as system/HOST/... metrics; nodes other than rank 0's where they share the run "
+           "folder (needs psutil)")
     a("-r", "--resume", action="store_true", help="continue from the checkpoint")
     a("--auto-resume", action="store_true",
       help="continue from CHECKPOINT_DIR/ckpt.pth when it exists, else start fresh: one command "

@@ -41,6 +41,19 @@ def launcher_rank():
     return 0
 
 
+# Where launchers give a process its rank among those of its host, in the same order.
+LAUNCHER_LOCAL_RANK_VARS = ("HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK",
+                            "PMIX_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID")
+
+
+def launcher_local_rank():
+    """This process's rank on its host as its launcher set it (0 without one)."""
+    for var in LAUNCHER_LOCAL_RANK_VARS:
+        if var in os.environ:
+            return int(os.environ[var])
+    return 0
+
+
 def torchrun_local():
     """(local rank, local size) as torchrun gives them; (0, 1) without torchrun."""
     return int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))

@@ -12,7 +12,7 @@ import sys
 
 from training.base import redact, safeio
 from training.base.safeio import atomic_write
-from training.run import curves
+from training.run import curves, launch
 from training.run import tracking as tracking_mod
 
 METRICS_COLUMNS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc",
@@ -68,8 +68,11 @@ class RunLog:
         self.args, self.reports, self.world_size = args, reports, world_size
         self.history = with_train_time(history)
         self.dir = args.checkpoint_dir
-        self._tb = self._tracker = None
+        self._tb = self._tracker = self._node = None
         self._tracking = tracking
+        if (not reports and getattr(args, "mlflow_system_metrics", False)
+                and tracking_mod.uri_of(args) and launch.launcher_local_rank() == 0):
+            self._node = tracking_mod.NodeMonitor(args)  # another node's, by its first process
         if reports:  # into the folder the run holds (rundir.hold made it)
             from torch.utils.tensorboard import SummaryWriter  # lazy: heavy import
             self._tb = SummaryWriter(os.path.join(self.dir, "tb"), purge_step=first_epoch + 1)
@@ -120,6 +123,9 @@ class RunLog:
     def close(self, final=True):
         """End the run's reporting: draw curves.svg and say whether --target-acc was reached.
         final=False ends only this object's writer (an elastic world that is replaced)."""
+        if self._node is not None:
+            self._node.close()
+            self._node = None
         if self._tb is None:
             return
         self._tb.close()

@@ -298,6 +298,7 @@ class Sender:
             if run is not None and run.info.lifecycle_stage != "deleted":
                 self.verified = True
                 self.made.set()
+                self.tracker.named(self.run_id)
                 return
             self.why = (f"mlflow: run {self.run_id} is not on {self.shown} (deleted, or another "
                         "server); logging to a new run")

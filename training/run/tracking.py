@@ -17,8 +17,10 @@ training run, written by the process that reports; the other ranks build nothing
   row at step = epoch; at the end metrics.csv, curves.svg and, with --mlflow-log-model, best.pth
   and the model it holds as an MLflow model with its signature (save_model; --mlflow-register
   NAME registers it). Every flag and URI it writes or prints is redacted (training/base/redact.py).
-- **--mlflow-system-metrics**: MLflow's monitor of the node (CPU, memory, disk, network, GPUs
-  where pynvml is installed) logs into the run as system/<host>/..., from its own thread.
+- **--mlflow-system-metrics**: MLflow's monitor of each node (CPU, memory, disk, network, GPUs
+  where pynvml is installed) logs into the run as system/<host>/..., from its own thread: rank
+  0's node's by rank 0, another node's by its first process (NodeMonitor) where the nodes share
+  the run folder.
 - **Its status**: FINISHED at the end of training, FAILED where the process ends on an error,
   KILLED on a stop signal; a run stopped by --stop-at short of --epochs stays RUNNING. A search's
   trial ends once, as Optuna ended it (end_trial), its files sent then.
@@ -29,6 +31,7 @@ MLflow is not a requirement of the trainer: it is imported only under --mlflow. 
 --mlflow is one line naming the install.
 """
 import atexit
+import contextlib
 import importlib.util
 import json
 import logging
@@ -36,6 +39,8 @@ import os
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 from training.base import recipe, safeio
 from training.base.errors import UsageError
@@ -189,14 +194,19 @@ class Tracker:
         run_id = self.sender.run_id
         return {"mlflow_run_id": run_id, "tracking_uri": self.shown} if run_id else None
 
-    def created(self, run_id):
-        """The sender made or found the run: the run folder names it from now on."""
+    def named(self, run_id):
+        """The server has the run: the run folder names it from now on (written again for a run
+        continued, so that other nodes' monitors, NodeMonitor, know it is this run's)."""
         state = {"mlflow_run_id": run_id, "tracking_uri": self.shown}
         try:
             write_run_file(self.folder, state)
         except Exception as e:  # the checkpoint will name it all the same
             self.sender.say(f"mlflow: could not write {os.path.join(self.folder, RUN_FILE)} ({e})",
                             error=True)
+
+    def created(self, run_id):
+        """The sender made the run: named, and said."""
+        self.named(run_id)
         if not self.nests:  # main_sweep.py's run says where it is after the job's summary
             self.sender.say(f"mlflow: logging to run {run_id} at {self.shown}")
 
@@ -221,12 +231,7 @@ class Tracker:
         --mlflow-system-metrics, and for main_sweep.py's own run."""
         if not getattr(self.args, "mlflow_system_metrics", False) or self.nests:
             return None
-        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
-        logging.getLogger("mlflow.system_metrics").setLevel(logging.ERROR)  # the sender says
-        monitor = SystemMetricsMonitor(run_id, resume_logging=True, tracking_uri=self.uri,
-                                       node_id=socket.gethostname().split(".")[0])
-        monitor.start()
-        return monitor
+        return start_monitor(run_id, self.uri)
 
     def wait_for_run(self, seconds):
         """The run's id once the server made it, waiting at most `seconds`; None if it did not."""
@@ -329,6 +334,53 @@ def nest_runs_under(run_id):
 def nested_under():
     """The MLflow run that this process's runs are nested under (nest_runs_under), or None."""
     return _last.get("parent")
+
+
+def start_monitor(run_id, uri):
+    """MLflow's system-metrics monitor of this node (system/<host>/...), started."""
+    from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+    logging.getLogger("mlflow.system_metrics").setLevel(logging.ERROR)  # its callers say, or not
+    monitor = SystemMetricsMonitor(run_id, resume_logging=True, tracking_uri=uri,
+                                   node_id=socket.gethostname().split(".")[0])
+    monitor.start()
+    return monitor
+
+
+class NodeMonitor:
+    """--mlflow-system-metrics on a node other than rank 0's, run by the node's first process:
+    MLflow's monitor of the node, logging into the run once rank 0's sender has named it in the
+    run folder (RUN_FILE written since this run began), so only where the nodes share that
+    folder. It waits on nothing and says nothing: a node that cannot log trains on."""
+
+    POLL_S = 0.5
+    SKEW_S = 5.0  # a shared filesystem's clock against this node's
+
+    def __init__(self, args):
+        self.folder, self.uri = args.checkpoint_dir, uri_of(args)
+        self.since = time.time() - self.SKEW_S
+        self.stopped, self.monitor = threading.Event(), None
+        self.thread = threading.Thread(target=self._watch, name="mlflow node monitor", daemon=True)
+        self.thread.start()
+
+    def _watch(self):
+        path = os.path.join(self.folder, RUN_FILE)
+        while not self.stopped.wait(self.POLL_S):
+            try:
+                fresh = os.stat(path).st_mtime >= self.since
+            except OSError:
+                continue
+            state = read_run_file(self.folder) if fresh else None
+            if state is not None and state.get("tracking_uri") == redact(self.uri):
+                with contextlib.suppress(Exception):
+                    self.monitor = start_monitor(state["mlflow_run_id"], self.uri)
+                return
+
+    def close(self):
+        self.stopped.set()
+        self.thread.join(sender.ABORT_WAIT_S)  # at most: it may be importing MLflow
+        if self.monitor is not None:
+            with contextlib.suppress(Exception):
+                self.monitor.finish()
 
 
 def parent_run(args, world_size):
