@@ -25,7 +25,6 @@ from helpers import (
     env,
     horovod_cmd,
     is_gone,
-    kill_rank_and_wait,
     last_line,
     load_ckpt,
     metrics_rows,
@@ -335,23 +334,6 @@ def test_stopped_and_resumed_equals_uninterrupted(data_dir, tmp_path):
     assert_states_equal(load_ckpt(full / "ckpt.pth")["model"], load_ckpt(part / "ckpt.pth")["model"],
                         "the resumed and the uninterrupted run")
     assert _columns(read_metrics(full)) == _columns(read_metrics(part))
-
-
-# ---------------------------------------------------------------------------
-# A worker killed under horovodrun
-
-def test_kill_9_of_one_worker_ends_the_job_and_resume_loses_nothing(data_dir, tmp_path, jobs):
-    ck = tmp_path / "ck-killed"
-    job = jobs(horovod_cmd(2, common_args(data_dir, ck, "--warmup-epochs", 0, epochs=UNTIL_ENDED), "gloo"))
-    wait_until(lambda: len(metrics_rows(ck)) >= 2, 120, "2 finished epochs", job)
-    kill_rank_and_wait(job, "main_horovod.py", str(ck))
-    done = load_ckpt(ck / "ckpt.pth")["epoch"]
-    assert done >= 2
-    r = run_horovod(2, common_args(data_dir, ck, "--resume", "--warmup-epochs", 0, "--stop-at", done + 1,
-                                   epochs=UNTIL_ENDED), "gloo")
-    assert r.returncode == 0, r.stderr[-2000:]
-    epochs = [int(x["epoch"]) for x in read_metrics(ck)]
-    assert epochs == list(range(1, done + 2)), "no finished epoch lost, none duplicated"
 
 
 # ---------------------------------------------------------------------------
