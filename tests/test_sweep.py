@@ -13,6 +13,8 @@ import re
 import signal
 import time
 
+import pytest
+
 from helpers import (
     ONE_THREAD,
     PY,
@@ -24,12 +26,15 @@ from helpers import (
     is_gone,
     load_ckpt,
     metrics_rows,
+    parse,
     rank_pids,
     read_metrics,
     run,
     run_horovod,
     wait_until,
 )
+from sweeps import sweep
+from training.base.errors import UsageError
 
 RUN_COLS = ("epoch", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "world_size")
 
@@ -203,6 +208,8 @@ def test_bad_sweeps_stop_before_any_work(data_dir, tmp_path):
     said = [ln for ln in r.stderr.splitlines() if "error" in ln]
     assert r.returncode != 0 and "--ranks-per-run 2 does not divide the 3 processes" in said[0], r.stderr[-2000:]
     assert len([ln for ln in said if "main_sweep.py: error" in ln]) == 1  # said once, by rank 0
-    r = run(sweep_cmd(2, [*common_args(data_dir, ck), "--sweep", "batch-size=32,0"], "mpirun"))
-    assert r.returncode != 0 and "--batch-size must be positive (got 0)" in r.stderr, r.stderr[-2000:]
+    # Every run's flags are checked before any work (the job runs this check first, on every rank).
+    argv = [*map(str, common_args(data_dir, ck)), "--sweep", "batch-size=32,0"]
+    with pytest.raises(UsageError, match=r"--batch-size must be positive \(got 0\)"):
+        sweep.check_sweep(parse(*argv, port="sweep"), argv, 2)
     assert not ck.exists()
