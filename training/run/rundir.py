@@ -73,9 +73,8 @@ def hold(args, reports=True):
     except OSError as e:
         raise TrainerError(f"cannot create --checkpoint-dir {folder} ({e.strerror or e}); "
                            "choose another folder") from e
-    owner = f"host {socket.gethostname()}, process {os.getpid()}"
-    holder = hold_lock(os.path.join(folder, HOLDER), owner,
-                  hint="fix the permissions of --checkpoint-dir")
+    holder = hold_lock(os.path.join(folder, HOLDER), _this_process(),
+                       hint="fix the permissions of --checkpoint-dir")
     if holder is not None:
         raise _in_use(folder, holder)
     refuse_replacing(args)
@@ -87,9 +86,8 @@ def hold_waiting(folder, waits):
     trial at a time) takes a trial's folder only once the group that had it let go. Ended by
     let_go; the run's own hold then finds the folder held already."""
     os.makedirs(folder, exist_ok=True)
-    owner = f"host {socket.gethostname()}, process {os.getpid()}"
     said = False
-    while (holder := hold_lock(os.path.join(folder, HOLDER), owner,
+    while (holder := hold_lock(os.path.join(folder, HOLDER), _this_process(),
                                hint="fix the permissions of --checkpoint-dir")) is not None:
         if not said:
             waits(holder or "a run starting")
@@ -100,6 +98,11 @@ def hold_waiting(folder, waits):
 def let_go(folder):
     """Let go of a folder held by hold_waiting (or a run's hold), before the process ends."""
     let_go_lock(os.path.join(folder, HOLDER))
+
+
+def _this_process():
+    """What a holder writes into the lock file, for whoever finds the folder held."""
+    return f"host {socket.gethostname()}, process {os.getpid()}"
 
 
 def _in_use(folder, holder):
