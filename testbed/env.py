@@ -24,22 +24,26 @@ def env(extra=None, python=sys.executable):
 
 def trainer_pids(script, marker=None, **env_match):
     """{pid: environment} of running `script` processes whose command line holds `marker`
-    and whose environment has every NAME=value of env_match, found through /proc."""
-    found = {}
+    and whose environment has every NAME=value of env_match, found through /proc. A process's
+    fork not yet turned into another program (a subprocess it is starting) has its command line
+    and environment: it is left out, as its parent is the trainer."""
+    found, cmds, parents = {}, {}, {}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 cmd = f.read()
             with open(f"/proc/{pid}/environ", "rb") as f:
                 penv = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-        except OSError:  # gone meanwhile, or not ours to read
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                parent = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):  # gone meanwhile, or not ours to read
             continue
         if script.encode() not in cmd or (marker and marker.encode() not in cmd):
             continue
         penv = {k.decode(errors="replace"): v.decode(errors="replace") for k, v in penv.items()}
         if all(penv.get(k) == str(v) for k, v in env_match.items()):
-            found[int(pid)] = penv
-    return found
+            found[int(pid)], cmds[int(pid)], parents[int(pid)] = penv, cmd, parent
+    return {pid: e for pid, e in found.items() if cmds.get(parents[pid]) != cmds[pid]}
 
 
 def rank_pids(script, marker=None, **env_match):
