@@ -25,6 +25,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.dirname(sys.executable)
 PY = sys.executable
 SYNTH = 500  # training images; test gets 100
+# What the tests keep between runs, as `make setup` keeps Horovod's wheel there: real CIFAR-10,
+# the container test's Debian base, Inductor's compiled graphs. Each is made anew where missing.
+CACHE = os.environ.get("CIFAR_HVD_CACHE", os.path.expanduser("~/.cache/cifar-horovod"))
 # Writes real CIFAR-10 from a JPEG pack; it sits beside a clone of the project, not in it.
 REAL_DATA_MAKER = os.path.join(os.path.dirname(ROOT), "shared", "data", "make_cifar10.py")
 # How a process that aborted (SIGABRT) shows: libstdc++'s last words, or a launcher's report of

@@ -1,9 +1,9 @@
 """The container image: the container commands of README and docs/INSTALL.md, in a tiny form, with podman.
 
 No image registry is reachable, so the base is made here: Debian's minbase with Python
-(mmdebstrap, imported into podman) and the pinned PyTorch from uv's cache. That PyTorch is
-mounted read-only at the base's site folder, in the build and in every container, instead of
-being copied into the base, which would add 5.9 GB and about two and a half minutes; to the
+(mmdebstrap, kept in the tests' cache for the week, imported into podman) and the pinned PyTorch
+from uv's cache. That PyTorch is mounted read-only at the base's site folder, in the build and in
+every container, instead of being copied into the base, which would add 5.9 GB and about two and a half minutes; to the
 Dockerfile it is the base's PyTorch all the same. `make image` builds on that base with the
 Horovod wheel `make setup` cached. Then, as those commands say: `horovodrun -np 2` in one container as
 an arbitrary UID, a resume in a second container, and `mpirun` from a container on one host of
@@ -19,16 +19,19 @@ end, also when a test fails. Needs root; installs podman, runc and mmdebstrap fr
 they are missing.
 """
 import glob
+import hashlib
 import os
 import pathlib
 import shlex
 import shutil
 import subprocess
 import tempfile
+import time
 
 import pytest
 
 from helpers import (
+    CACHE,
     PY,
     ROOT,
     UNTIL_ENDED,
@@ -123,16 +126,35 @@ def podman(request):
     return p
 
 
-@pytest.fixture(scope="module")
-def base(podman):
-    """A base image whose python3 imports torch and torchvision: (image, mount of its torch)."""
-    image = "localhost/cifar-test-base"
+def debian_base():
+    """Debian's minbase with Python as a tar file, made by mmdebstrap and kept in the tests'
+    cache for the week (35 s to make on 2 cores): a new week, or a changed recipe, makes it anew."""
     # The host's certificate authorities, so that pip in the build trusts what the host's does.
     hook = 'cp /etc/ssl/certs/ca-certificates.crt "$1/etc/ssl/certs/ca-certificates.crt"'
     make = ["mmdebstrap", "--quiet", "--variant=minbase", "--include=python3,python3-venv,python3-pip,ca-certificates",
             f"--customize-hook={hook}", "bookworm", "-", "http://deb.debian.org/debian"]
-    script = f"set -o pipefail; {shlex.join(make)} | {shlex.join(podman.argv)} import -q - {image}"
-    assert_ran(sh(["bash", "-c", script], timeout=600, env=podman.env))
+    key = hashlib.sha256(shlex.join(make).encode()).hexdigest()[:12]
+    tar = os.path.join(CACHE, f"test-base-{key}-{time.strftime('%G-w%V')}.tar")
+    if not os.path.isfile(tar):
+        for old in glob.glob(os.path.join(CACHE, "test-base-*.tar")):
+            os.remove(old)
+        os.makedirs(CACHE, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".test-base-", dir=CACHE)
+        with os.fdopen(fd, "wb") as out:
+            r = subprocess.run(make, stdout=out, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=600,
+                               start_new_session=True)  # see sh()
+        if r.returncode != 0:
+            os.remove(tmp)
+            raise AssertionError(r.stderr[-3000:].decode(errors="replace"))
+        os.rename(tmp, tar)  # whole, or not at all
+    return tar
+
+
+@pytest.fixture(scope="module")
+def base(podman):
+    """A base image whose python3 imports torch and torchvision: (image, mount of its torch)."""
+    image = "localhost/cifar-test-base"
+    assert_ran(podman("import", "-q", debian_base(), image))
     torch_dir = podman.folder / "torch"
     # uv links the files from its cache (which `make setup` filled) in about a second.
     assert_ran(sh([PY, "-m", "uv", "pip", "install", "-q", "--target", str(torch_dir), "--python-version", PYVER,
@@ -142,9 +164,8 @@ def base(podman):
 
 def cached_wheels():
     """The folder of Horovod wheels `make setup` keeps, and those built for the pinned torch."""
-    cache = os.environ.get("CIFAR_HVD_CACHE", os.path.expanduser("~/.cache/cifar-horovod"))
     torch_pin = next(p.split("==")[1] for p in pins() if p.startswith("torch=="))
-    return cache, glob.glob(os.path.join(cache, f"horovod-*-torch{torch_pin}*-cp{PYVER.replace('.', '')}-cpu", "*.whl"))
+    return CACHE, glob.glob(os.path.join(CACHE, f"horovod-*-torch{torch_pin}*-cp{PYVER.replace('.', '')}-cpu", "*.whl"))
 
 
 @pytest.fixture(scope="module")
