@@ -1,5 +1,6 @@
-"""training/ports/hvd_port.py: the settings Horovod starts with, Adasum's limits (its runs are in
-test_main_horovod.py and test_channels_last.py), and the SyncBatchNorm swap."""
+"""training/ports/hvd_port.py: the settings Horovod starts with, the CPU's polled waits, Adasum's
+limits (its runs are in test_main_horovod.py and test_channels_last.py), and the SyncBatchNorm
+swap."""
 import os
 
 import pytest
@@ -20,13 +21,28 @@ def test_adasum_needs_mpi_and_a_power_of_two():
 def test_async_completion_and_a_short_cycle_are_given_on_cuda_only_and_never_over_the_users(monkeypatch):
     for name in ("HOROVOD_ENABLE_ASYNC_COMPLETION", "HOROVOD_CYCLE_TIME"):
         monkeypatch.delenv(name, raising=False)
-    assert hvd_port.apply(cuda=False) == {}
+    assert hvd_port.apply(cuda=False, polled_waits=False) == {}
     assert "HOROVOD_ENABLE_ASYNC_COMPLETION" not in os.environ and "HOROVOD_CYCLE_TIME" not in os.environ
     assert hvd_port.apply(cuda=True) == {"HOROVOD_ENABLE_ASYNC_COMPLETION": "1", "HOROVOD_CYCLE_TIME": "0.1"}
     assert os.environ["HOROVOD_ENABLE_ASYNC_COMPLETION"] == "1"
     for name in ("HOROVOD_ENABLE_ASYNC_COMPLETION", "HOROVOD_CYCLE_TIME"):
         monkeypatch.setenv(name, "0")
     assert hvd_port.apply(cuda=True) == {} and os.environ["HOROVOD_ENABLE_ASYNC_COMPLETION"] == "0"
+
+
+def test_on_the_cpu_every_wait_for_a_collective_polls(monkeypatch):
+    # Each module of Horovod's that holds synchronize gets the polled wait; the trainers' runs
+    # (test_main_horovod.py, test_main_elastic.py) prove that it gives Horovod's results.
+    import horovod.torch as hvd
+    from horovod.torch import functions, mpi_ops, optimizer, sync_batch_norm
+    modules = (mpi_ops, hvd, optimizer, functions, sync_batch_norm)
+    for m in modules:
+        monkeypatch.setattr(m, "synchronize", m.synchronize)  # Horovod's own again after the test
+    hvd_port.apply(cuda=False, polled_waits=False)
+    assert not any(getattr(m.synchronize, "polled", False) for m in modules)
+    hvd_port.apply(cuda=False)
+    waits = {m.synchronize for m in modules}
+    assert len(waits) == 1 and waits.pop().polled
 
 
 def test_replace_batchnorm_keeps_state():

@@ -7,7 +7,8 @@ limits and LR scale. Horovod is imported only where it is used.
   waits on a CUDA event in the stream instead of holding the host until the GPU has run the
   backward; HOROVOD_CYCLE_TIME=0.1 (ms; Horovod's own is 1), since a gradient ready just after a
   cycle waits for the next, and a GPU step takes a few ms. On the CPU the collectives complete
-  on the host anyway. docs/PERFORMANCE.md has what each is worth.
+  on the host anyway, and every wait for one polls it, sleeping between polls (`_polled_waits`).
+  docs/PERFORMANCE.md has what each is worth.
 - **Compression**: `layout.GradLayout` hands Horovod a channels_last gradient's contiguous view,
   around Horovod's fp16 compression (--fp16-allreduce) or none.
 - **How gradients reach Horovod** (--grad-allreduce, `grad_path`): "hooks", DistributedOptimizer's
@@ -25,6 +26,7 @@ limits and LR scale. Horovod is imported only where it is used.
 """
 import contextlib
 import os
+import time
 
 import torch
 
@@ -41,13 +43,39 @@ def defaults(cuda):
     return dict(CUDA_DEFAULTS) if cuda else {}
 
 
-def apply(cuda=None):
+def apply(cuda=None, polled_waits=True):
     """Put the defaults for this machine (CUDA where torch sees a GPU) into the environment
-    where it has none of its own, before hvd.init() reads it. Returns what was set."""
+    where it has none of its own, before hvd.init() reads it; on the CPU, wait for collectives by
+    polling (`_polled_waits`) unless told not to. Returns what was set in the environment."""
     cuda = torch.cuda.is_available() if cuda is None else cuda
     given = {k: v for k, v in defaults(cuda).items() if k not in os.environ}
     os.environ.update(given)
+    if polled_waits and not cuda:
+        _polled_waits()
     return given
+
+
+def _polled_waits():
+    """Every wait for a Horovod collective (hvd.synchronize: the optimizer's, a broadcast's, a
+    metric's allreduce) polls it and sleeps between polls, 20 us at first, doubling up to a cycle
+    of Horovod's (1 ms on the CPU), then takes the result as Horovod would. Horovod's own wait
+    loops on sched_yield: with more processes than cores, that loop holds a core that the
+    background threads, which complete the collective, are waiting for."""
+    import horovod.torch as hvd
+    from horovod.torch import functions, mpi_ops, optimizer, sync_batch_norm
+    native = mpi_ops.synchronize
+    if getattr(native, "polled", False):
+        return
+
+    def synchronize(handle):
+        delay = 2e-5
+        while handle in mpi_ops._handle_map and not mpi_ops.poll(handle):
+            time.sleep(delay)
+            delay = min(2 * delay, CYCLE_S[False])
+        return native(handle)
+    synchronize.polled = True
+    for module in (mpi_ops, hvd, optimizer, functions, sync_batch_norm):  # each holds the name
+        module.synchronize = synchronize
 
 
 
