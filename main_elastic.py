@@ -32,7 +32,7 @@ import utils
 def main(argv=None):
     args = cli.parse_args(cli.add_elastic_args(cli.build_parser(__doc__)), argv)
     launch.stop_on(args.stop_signal)  # a scheduler's warning signal, as SIGTERM
-    hvd_port.apply()  # before init, which reads them: the settings Horovod gets on CUDA
+    hvd_port.apply()  # before init, which reads them: Horovod's settings for this device
     hvd.init()
     device = devices.pick_device(hvd.local_rank(), hvd.local_size())
     worker = Worker(args, device)  # right after init: Horovod's are the only other threads yet

@@ -23,7 +23,7 @@ import utils
 def main(argv=None):
     # Horovod: the port's flags.
     args = cli.parse_args(cli.add_horovod_args(cli.build_parser(__doc__)), argv)
-    # Horovod: its CUDA settings, then join the job.
+    # Horovod: its settings for this device (CUDA's; the CPU's waits), then join the job.
     hvd_port.apply()
     hvd.init()
     # Horovod: GPU hvd.local_rank(), or this process's share of the cores.
