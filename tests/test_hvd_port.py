@@ -21,7 +21,7 @@ def test_adasum_needs_mpi_and_a_power_of_two():
 def test_async_completion_and_a_short_cycle_are_given_on_cuda_only_and_never_over_the_users(monkeypatch):
     for name in ("HOROVOD_ENABLE_ASYNC_COMPLETION", "HOROVOD_CYCLE_TIME"):
         monkeypatch.delenv(name, raising=False)
-    assert hvd_port.apply(cuda=False, polled_waits=False) == {}
+    assert hvd_port.apply(cuda=False) == {}
     assert "HOROVOD_ENABLE_ASYNC_COMPLETION" not in os.environ and "HOROVOD_CYCLE_TIME" not in os.environ
     assert hvd_port.apply(cuda=True) == {"HOROVOD_ENABLE_ASYNC_COMPLETION": "1", "HOROVOD_CYCLE_TIME": "0.1"}
     assert os.environ["HOROVOD_ENABLE_ASYNC_COMPLETION"] == "1"
@@ -36,9 +36,13 @@ def test_on_the_cpu_every_wait_for_a_collective_polls(monkeypatch):
     import horovod.torch as hvd
     from horovod.torch import functions, mpi_ops, optimizer, sync_batch_norm
     modules = (mpi_ops, hvd, optimizer, functions, sync_batch_norm)
-    for m in modules:
-        monkeypatch.setattr(m, "synchronize", m.synchronize)  # Horovod's own again after the test
-    hvd_port.apply(cuda=False, polled_waits=False)
+    for m in modules:  # Horovod's own, here and after the test
+        monkeypatch.setattr(m, "synchronize", mpi_ops.synchronize.__wrapped__
+                            if getattr(mpi_ops.synchronize, "polled", False) else mpi_ops.synchronize)
+    assert not any(getattr(m.synchronize, "polled", False) for m in modules)
+    for name in ("HOROVOD_ENABLE_ASYNC_COMPLETION", "HOROVOD_CYCLE_TIME"):
+        monkeypatch.delenv(name, raising=False)  # what apply(cuda=True) sets goes with the test
+    hvd_port.apply(cuda=True)
     assert not any(getattr(m.synchronize, "polled", False) for m in modules)
     hvd_port.apply(cuda=False)
     waits = {m.synchronize for m in modules}

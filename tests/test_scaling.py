@@ -94,7 +94,8 @@ def test_the_allreduce_probe_measures_the_shaped_rate(tmp_path):
         said = json.loads(out.read_text())
         assert said["n"] == 4 and said["arch"] == "lenet" and len(said["measured"]) >= 8
         payload_mbit = PAYLOAD_SHARE * PROBE_MBIT
-        # Idle, the ring read 8.2 to 9.0 of the 9.44 Mbit/s: at most 13% low, so 20% is the bound.
+        # Idle, the ring read 8.5 to 9.5 of the 9.44 Mbit/s (Horovod's own wait: 8.2 to 9.0, at
+        # most 13% low), so 20% is the bound.
         assert 0.8 * payload_mbit < said["bandwidth_bps"] / 1e6 < 1.15 * payload_mbit, (said, r.stdout)
         low, high = said["bandwidth_range_bps"]
         assert low <= said["bandwidth_bps"] <= high and said["bandwidth_sizes"] >= 3, said

@@ -258,8 +258,7 @@ def main(argv=None):
     if args.arch not in models.MODELS:
         p.error(f"unknown --arch {args.arch}; one of {', '.join(sorted(models.MODELS))}")
     import horovod.torch as hvd
-    # The trainer's settings on CUDA (its cycle among them); on the CPU, Horovod's own wait, timed.
-    hvd_port.apply(polled_waits=False)
+    hvd_port.apply()  # the trainer's settings: on CUDA its cycle, on the CPU its polled waits
     hvd.init(process_sets="dynamic")  # the smaller rings and rank 0's own set are added below
     device = torch.device("cuda", hvd.local_rank()) if torch.cuda.is_available() else torch.device("cpu")
     if device.type == "cuda":

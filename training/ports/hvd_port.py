@@ -43,14 +43,14 @@ def defaults(cuda):
     return dict(CUDA_DEFAULTS) if cuda else {}
 
 
-def apply(cuda=None, polled_waits=True):
+def apply(cuda=None):
     """Put the defaults for this machine (CUDA where torch sees a GPU) into the environment
     where it has none of its own, before hvd.init() reads it; on the CPU, wait for collectives by
-    polling (`_polled_waits`) unless told not to. Returns what was set in the environment."""
+    polling (`_polled_waits`). Returns what was set in the environment."""
     cuda = torch.cuda.is_available() if cuda is None else cuda
     given = {k: v for k, v in defaults(cuda).items() if k not in os.environ}
     os.environ.update(given)
-    if polled_waits and not cuda:
+    if not cuda:
         _polled_waits()
     return given
 
@@ -73,7 +73,7 @@ def _polled_waits():
             time.sleep(delay)
             delay = min(2 * delay, CYCLE_S[False])
         return native(handle)
-    synchronize.polled = True
+    synchronize.polled, synchronize.__wrapped__ = True, native
     for module in (mpi_ops, hvd, optimizer, functions, sync_batch_norm):  # each holds the name
         module.synchronize = synchronize
 
