@@ -3,8 +3,8 @@
 No image registry is reachable, so the base is made here: Debian's minbase with Python
 (mmdebstrap, kept in the tests' cache for the week, imported into podman) and the pinned PyTorch
 from uv's cache. That PyTorch is mounted read-only at the base's site folder, in the build and in
-every container, instead of being copied into the base, which would add 5.9 GB and about two and a half minutes; to the
-Dockerfile it is the base's PyTorch all the same. `make image` builds on that base with the
+every container, instead of being copied into the base, which would add 5.9 GB and about two and
+a half minutes; to the Dockerfile it is the base's PyTorch all the same. `make image` builds on that base with the
 Horovod wheel `make setup` cached. Then, as those commands say: `horovodrun -np 2` in one container as
 an arbitrary UID, a resume in a second container, and `mpirun` from a container on one host of
 scripts/local_cluster.sh to a container running sshd on the other, which must train bitwise
@@ -136,7 +136,8 @@ def debian_base():
     key = hashlib.sha256(shlex.join(make).encode()).hexdigest()[:12]
     tar = os.path.join(CACHE, f"test-base-{key}-{time.strftime('%G-w%V')}.tar")
     if not os.path.isfile(tar):
-        for old in glob.glob(os.path.join(CACHE, "test-base-*.tar")):
+        # last week's base, and what a run stopped while making one left
+        for old in glob.glob(os.path.join(CACHE, "test-base-*.tar")) + glob.glob(os.path.join(CACHE, ".test-base-*")):
             os.remove(old)
         os.makedirs(CACHE, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".test-base-", dir=CACHE)
@@ -163,9 +164,9 @@ def base(podman):
 
 
 def cached_wheels():
-    """The folder of Horovod wheels `make setup` keeps, and those built for the pinned torch."""
+    """The Horovod wheels `make setup` keeps (in CACHE) built for the pinned torch."""
     torch_pin = next(p.split("==")[1] for p in pins() if p.startswith("torch=="))
-    return CACHE, glob.glob(os.path.join(CACHE, f"horovod-*-torch{torch_pin}*-cp{PYVER.replace('.', '')}-cpu", "*.whl"))
+    return glob.glob(os.path.join(CACHE, f"horovod-*-torch{torch_pin}*-cp{PYVER.replace('.', '')}-cpu", "*.whl"))
 
 
 @pytest.fixture(scope="module")
@@ -176,9 +177,9 @@ def image(podman, base):
     tag = "localhost/cifar-test"
     line = readme_blocks(HEADING)[0][0]
     assert shlex.split(line) == ["make", "image"], line
-    cache, wheels = cached_wheels()
-    os.makedirs(cache, exist_ok=True)
-    flags = ["--network", "host", *mount, "-v", f"{cache}:/horovod-cache",
+    wheels = cached_wheels()
+    os.makedirs(CACHE, exist_ok=True)
+    flags = ["--network", "host", *mount, "-v", f"{CACHE}:/horovod-cache",
              "--build-arg", "HOROVOD_WHEEL_CACHE=/horovod-cache"]
     r = sh([*shlex.split(line), f"IMAGE={tag}", f"BASE={base_image}", f"CONTAINER={shlex.join(podman.argv)}",
             f"BUILD_FLAGS={shlex.join(flags)}"], cwd=ROOT, env=podman.env, timeout=1500)

@@ -36,9 +36,9 @@ def test_on_the_cpu_every_wait_for_a_collective_polls(monkeypatch):
     import horovod.torch as hvd
     from horovod.torch import functions, mpi_ops, optimizer, sync_batch_norm
     modules = (mpi_ops, hvd, optimizer, functions, sync_batch_norm)
+    native = getattr(mpi_ops.synchronize, "__wrapped__", mpi_ops.synchronize)
     for m in modules:  # Horovod's own, here and after the test
-        monkeypatch.setattr(m, "synchronize", mpi_ops.synchronize.__wrapped__
-                            if getattr(mpi_ops.synchronize, "polled", False) else mpi_ops.synchronize)
+        monkeypatch.setattr(m, "synchronize", native)
     assert not any(getattr(m.synchronize, "polled", False) for m in modules)
     for name in ("HOROVOD_ENABLE_ASYNC_COMPLETION", "HOROVOD_CYCLE_TIME"):
         monkeypatch.delenv(name, raising=False)  # what apply(cuda=True) sets goes with the test
