@@ -127,8 +127,8 @@ def podman(request):
 
 
 def debian_base():
-    """Debian's minbase with Python as a tar file, made by mmdebstrap and kept in the tests'
-    cache for the week (35 s to make on 2 cores): a new week, or a changed recipe, makes it anew."""
+    """Debian's minbase with Python as a tar file (mmdebstrap, 35 s on 2 cores), kept in the tests'
+    cache for the week: a new week or recipe makes it anew, removing the old and any half-made."""
     # The host's certificate authorities, so that pip in the build trusts what the host's does.
     hook = 'cp /etc/ssl/certs/ca-certificates.crt "$1/etc/ssl/certs/ca-certificates.crt"'
     make = ["mmdebstrap", "--quiet", "--variant=minbase", "--include=python3,python3-venv,python3-pip,ca-certificates",
@@ -136,7 +136,6 @@ def debian_base():
     key = hashlib.sha256(shlex.join(make).encode()).hexdigest()[:12]
     tar = os.path.join(CACHE, f"test-base-{key}-{time.strftime('%G-w%V')}.tar")
     if not os.path.isfile(tar):
-        # last week's base, and what a run stopped while making one left
         for old in glob.glob(os.path.join(CACHE, "test-base-*.tar")) + glob.glob(os.path.join(CACHE, ".test-base-*")):
             os.remove(old)
         os.makedirs(CACHE, exist_ok=True)
