@@ -1,5 +1,7 @@
 """The real servers tests start on 127.0.0.1 and stop again: an MLflow tracking server
-(test_tracking.py, test_search.py) and a PostgreSQL server (test_study_store.py)."""
+(test_tracking.py, test_search.py) and a PostgreSQL server (test_study_store.py); and a Gate,
+a port in front of a server that takes it down and back up at once."""
+import contextlib
 import os
 import pwd
 import shutil
@@ -7,6 +9,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -57,6 +60,61 @@ class MlflowServer:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+
+class Gate:
+    """127.0.0.1:`port`, forwarding each connection to the server at `target` while open. Closed,
+    the port refuses connections and the ones it forwarded are cut, as a server that went down;
+    opened again, it answers at once, as the server back up, whatever the server's own start
+    would cost on a busy machine."""
+
+    def __init__(self, target):
+        self.target, self.port = target, free_port()
+        self.listener, self.cut, self.lock = None, [], threading.Lock()
+
+    def open(self):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", self.port))
+        s.listen(64)
+        self.listener = s
+        threading.Thread(target=self._accept, args=(s,), daemon=True).start()
+
+    def close(self):
+        with self.lock:
+            s, self.listener, conns, self.cut = self.listener, None, self.cut, []
+        for c in [s, *conns]:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)  # wakes the threads blocked on it
+            c.close()
+
+    def _accept(self, s):
+        while True:
+            try:
+                client, _ = s.accept()
+            except OSError:
+                return  # closed
+            try:
+                server = socket.create_connection(("127.0.0.1", self.target))
+            except OSError:
+                client.close()
+                continue
+            with self.lock:
+                if self.listener is not s:  # closed meanwhile: this one is cut too
+                    client.close()
+                    server.close()
+                    return
+                self.cut += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(a, b):
+        with contextlib.suppress(OSError):
+            while data := a.recv(65536):
+                b.sendall(data)
+        with contextlib.suppress(OSError):
+            b.shutdown(socket.SHUT_WR)
 
 
 def pg_bin():

@@ -4,8 +4,9 @@ One study of 6 trials on 2 single-process groups (mpirun -np 2), the median prun
 random sampler, over a space whose learning rates include one that diverges (1e38) and one
 that learns nothing (1e-5), made once for the module: the journal holds 6 trials, each
 complete, pruned (before its last epoch) or failed (with its reason), and the search went on
-after a failure; its MLflow server, stopped while trials start and started again, gets each
-trial as one run under the search's, ended as Optuna ended it; every line the trials print
+after a failure; its MLflow server, down while trials start and up again (a Gate in front of
+it: no restart's cost decides whether the search ends first), gets each trial as one run under
+the search's, ended as Optuna ended it; every line the trials print
 names its trial; the command printed for the best trial retrains it alone with
 main_horovod.py, bitwise the trial. A study stopped by SIGTERM and
 submitted again ends with exactly its trials, none trained twice. Bad input stops in one line,
@@ -50,7 +51,7 @@ from helpers import (
     wait_until,
 )
 from helpers import env as env_of
-from servers import MlflowServer, free_port
+from servers import Gate, MlflowServer, free_port
 from sweeps import search, store
 from training.base.errors import UsageError
 
@@ -94,15 +95,21 @@ def study(data_dir, tmp_path_factory, mlflow_server):
     # one ignores it): it is in no file the search wrote and in no line it printed.
     if mlflow_server is None:
         return ck, args, run(search_cmd(2, args), timeout=300, env_extra=ONE_THREAD)
-    tracked = ["--mlflow", mlflow_server.uri.replace("://", f"://tracker:{CANARY}@")]
-    cmd = search_cmd(2, [*args, *tracked])
-    return ck, args, searched_with_the_server_down_a_while(cmd, mlflow_server, ck.parent)
+    gate = Gate(mlflow_server.port)
+    gate.open()
+    tracked = ["--mlflow", f"http://tracker:{CANARY}@127.0.0.1:{gate.port}"]
+    try:
+        return ck, args, searched_with_the_server_down_a_while(search_cmd(2, [*args, *tracked]), mlflow_server,
+                                                               gate, ck.parent)
+    finally:
+        gate.close()
 
 
-def searched_with_the_server_down_a_while(cmd, server, folder):
-    """The search `cmd` run with `server` stopped once the search's own run is on it, and started
-    again once two trials have started without it (they train anyway, and make their runs when
-    it answers): its result as run() gives it, with .down, the trials that started while down."""
+def searched_with_the_server_down_a_while(cmd, server, gate, folder):
+    """The search `cmd`, logging through `gate`, run with the gate closed once the search's own
+    run is on `server`, and open again once two trials have started without it (they train
+    anyway, and make their runs when it answers): its result as run() gives it, with .down, the
+    trials that started while down, and .port, the port the search logged to."""
     # A trial's end waits 2 s for the server, not 30: it is sent once the server answers.
     env = env_of(dict(ONE_THREAD, MLFLOW_EXPERIMENT_NAME="study", CIFAR_MLFLOW_WAIT_S="2"))
     with open(folder / "out", "w") as out, open(folder / "err", "w") as err:
@@ -118,19 +125,20 @@ def searched_with_the_server_down_a_while(cmd, server, folder):
         wait_until(lambda: proc.poll() is not None or client.search_runs(
             [e.experiment_id for e in client.search_experiments() if e.name == "study"]), 120, "the search's run")
         before = started()
-        server.stop()
+        gate.close()
         try:
             wait_until(lambda: proc.poll() is not None or started_down(), 120, "two trials without the server")
             down = started() - before
         finally:
-            server.start()
+            gate.open()
         proc.wait(timeout=300)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     return types.SimpleNamespace(returncode=proc.returncode, stdout=(folder / "out").read_text(),
-                                 stderr=(folder / "err").read_text(), down=down)
+                                 stderr=(folder / "err").read_text(), down=down,
+                                 port=gate.port)
 
 
 def test_six_trials_on_two_groups_each_complete_pruned_or_failed(study):
@@ -179,7 +187,7 @@ def test_each_trial_is_an_mlflow_run_under_the_search_ended_as_optuna_ended_it(s
     written = [p for folder in (ck, mlflow_server.folder) for p in folder.rglob("*")
                if p.is_file() and CANARY.encode() in p.read_bytes()]
     assert written == [] and CANARY not in r.stdout + r.stderr, written
-    assert f"at http://tracker:***@127.0.0.1:{mlflow_server.port}" in r.stdout
+    assert f"at http://tracker:***@127.0.0.1:{r.port}" in r.stdout
     # The trials that started while the server was down trained anyway, and each run (those too)
     # has each epoch the trial trained, once.
     assert len(r.down) >= 2, r.down
@@ -190,7 +198,7 @@ def test_each_trial_is_an_mlflow_run_under_the_search_ended_as_optuna_ended_it(s
 
 def test_every_line_of_the_trials_names_its_trial(study):
     # Every line before the summary, on stdout and stderr, is a trial's, or one of the search's
-    # own MLflow run (the server stopped a while).
+    # own MLflow run (the server down a while).
     _, _, r = study
     out = r.stdout.splitlines()
     trial_lines = out[:next(i for i, ln in enumerate(out) if ln.startswith("study "))] + r.stderr.splitlines()
