@@ -87,7 +87,20 @@ def mlflow_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def study(data_dir, tmp_path_factory, mlflow_server):
+def gate(mlflow_server):
+    """The port the study logs to, in front of its server (a Gate), open again after the study:
+    the retrain command the search prints logs there too."""
+    if mlflow_server is None:
+        yield None
+        return
+    gate = Gate(mlflow_server.port)
+    gate.open()
+    yield gate
+    gate.close()
+
+
+@pytest.fixture(scope="module")
+def study(data_dir, tmp_path_factory, mlflow_server, gate):
     ck = tmp_path_factory.mktemp("search") / "ck"
     args = [*common_args(data_dir, ck, epochs=EPOCHS), *SPACE, "--trials", 6, "--ranks-per-run", 1,
             "--pruner", "median", "--sampler", "random"]
@@ -95,14 +108,9 @@ def study(data_dir, tmp_path_factory, mlflow_server):
     # one ignores it): it is in no file the search wrote and in no line it printed.
     if mlflow_server is None:
         return ck, args, run(search_cmd(2, args), timeout=300, env_extra=ONE_THREAD)
-    gate = Gate(mlflow_server.port)
-    gate.open()
     tracked = ["--mlflow", f"http://tracker:{CANARY}@127.0.0.1:{gate.port}"]
-    try:
-        return ck, args, searched_with_the_server_down_a_while(search_cmd(2, [*args, *tracked]), mlflow_server,
-                                                               gate, ck.parent)
-    finally:
-        gate.close()
+    return ck, args, searched_with_the_server_down_a_while(search_cmd(2, [*args, *tracked]), mlflow_server, gate,
+                                                           ck.parent)
 
 
 def searched_with_the_server_down_a_while(cmd, server, gate, folder):
