@@ -27,15 +27,18 @@ from helpers import (
 
 
 @pytest.mark.parametrize("launcher", ["gloo", "mpirun"])
-def test_ranks_end_bitwise_identical(data_dir, tmp_path, launcher):
+def test_ranks_end_bitwise_identical(request, data_dir, tmp_path, launcher):
     # resnet18 would be slow; LeNet has no BatchNorm, so use a model with BN buffers
     # too: simpledla is big, so keep LeNet and check the broadcast of a fresh run.
-    assert_ok(run_horovod(2, common_args(data_dir, tmp_path / "ck", "--warmup-epochs", 1), launcher,
-                          probe=tmp_path))
-    ranks = load_ranks(tmp_path, 2)
+    if launcher == "gloo":  # np2_run is this run under horovodrun --gloo
+        ck, _, probe = request.getfixturevalue("np2_run")
+    else:
+        ck, probe = tmp_path / "ck", tmp_path
+        assert_ok(run_horovod(2, common_args(data_dir, ck, "--warmup-epochs", 1), launcher, probe=probe))
+    ranks = load_ranks(probe, 2)
     assert all(r["size"] == 2 for r in ranks)
     assert_ranks_identical(ranks)
-    assert_states_equal(load_ckpt(tmp_path / "ck" / "ckpt.pth")["model"], ranks[0]["model"], "the checkpoint")
+    assert_states_equal(load_ckpt(ck / "ckpt.pth")["model"], ranks[0]["model"], "the checkpoint")
 
 
 def test_np2_at_batch_b_equals_np1_at_batch_2b(data_dir, tmp_path):
@@ -59,14 +62,15 @@ def test_np2_at_batch_b_equals_np1_at_batch_2b(data_dir, tmp_path):
 @pytest.fixture(scope="module")
 def np2_run(data_dir, tmp_path_factory):
     """A 2-epoch run at np=2 whose checkpoint the tests below resume and evaluate, under
-    horovodrun --gloo, which tags each line with its rank."""
-    ck = tmp_path_factory.mktemp("np2")
-    r = assert_ok(run_horovod(2, common_args(data_dir, ck, "--warmup-epochs", 1, epochs=2), "gloo"))
-    return ck, r
+    horovodrun --gloo, which tags each line with its rank: (folder, result, the probe's folder
+    of what each rank ended with)."""
+    ck, probe = tmp_path_factory.mktemp("np2"), tmp_path_factory.mktemp("np2-probe")
+    r = assert_ok(run_horovod(2, common_args(data_dir, ck, "--warmup-epochs", 1, epochs=2), "gloo", probe=probe))
+    return ck, r, probe
 
 
 def test_rank0_alone_writes_and_reports(np2_run):
-    ck, r = np2_run
+    ck, r, _ = np2_run
     rows = read_metrics(ck)
     assert [x["epoch"] for x in rows] == ["1", "2"]
     assert all(x["world_size"] == "2" for x in rows)
@@ -77,7 +81,7 @@ def test_rank0_alone_writes_and_reports(np2_run):
 
 
 def test_lr_after_warmup_is_lr_times_size(np2_run):
-    ck, _ = np2_run
+    ck, _, _ = np2_run
     rows = read_metrics(ck)
     # Epoch 1 is warm-up (ramping from 0.05 towards 0.1); epoch 2 is past it:
     # lr x size on the cosine, 0.05 * 2 * (1 + cos(pi/2)) / 2.
@@ -176,7 +180,7 @@ def test_twin_diff_is_only_the_port():
 
 
 def test_target_accuracy_at_np2(np2_run, data_dir, tmp_path):
-    ck, _ = np2_run
+    ck, _, _ = np2_run
     rows = read_metrics(ck)
     target = float(rows[0]["test_acc"])
     # The same np=2 run (bitwise on the CPU) with epoch 1's accuracy as its target stops there.
@@ -194,7 +198,7 @@ def test_target_accuracy_at_np2(np2_run, data_dir, tmp_path):
 def test_evaluation_with_more_ranks_than_test_images_is_exact(np2_run, tmp_path):
     # --synthetic-size 10: two test images over 3 ranks, shards of 1, 1 and 0 (padding, as
     # DistributedSampler does, would count 3; the same utils.evaluate runs after every epoch).
-    ck, _ = np2_run
+    ck, _, _ = np2_run
     args = ["--evaluate", "--checkpoint", ck / "ckpt.pth", "--data-dir", tmp_path / "data", "--dataset", "synthetic",
             "--synthetic-size", 10, "--arch", "lenet", "--batch-size", 2, "--checkpoint-dir", tmp_path / "ck"]
     r = assert_ok(run_horovod(3, args))
@@ -226,7 +230,7 @@ def test_the_allreduce_levers_leave_the_weights_bitwise_equal(np2_run, data_dir,
     # With two ranks every reduced element is a + b whichever way the gradients are fused, grouped
     # or scheduled, so the weights must equal the default run's bit for bit; a lever that dropped,
     # repeated or mismatched a gradient would not.
-    ck, _ = np2_run
+    ck, _, _ = np2_run
     args = common_args(data_dir, tmp_path / "ck", "--warmup-epochs", 1, epochs=2)
     if lever == "normal priority":  # Horovod's threads as they ran before share_cores(spare=...)
         cmd = horovod_cmd(2, args)
