@@ -44,7 +44,7 @@ def cl_run(data_dir, tmp_path_factory):
     return ck, probe
 
 
-def test_training_ranks_identical_gloo(cl_run):
+def test_training_ranks_identical(cl_run):
     ck, probe = cl_run
     ranks = ranks_identical(probe)
     assert any(v.dim() == 4 for v in ranks[0]["model"].values())  # LeNet has conv weights to lay out
