@@ -83,7 +83,7 @@ class Gate:
     def close(self):
         with self.lock:
             s, self.listener, conns, self.cut = self.listener, None, self.cut, []
-        for c in [s, *conns]:
+        for c in [s, *conns] if s is not None else conns:
             with contextlib.suppress(OSError):
                 c.shutdown(socket.SHUT_RDWR)  # wakes the threads blocked on it
             c.close()

@@ -30,7 +30,7 @@ from helpers import (
     wait_until,
 )
 import models
-from servers import MlflowServer
+from servers import Gate, MlflowServer
 from training.base.errors import UsageError
 from training.run import tracking
 
@@ -142,24 +142,25 @@ def thaw(server):
 
 
 def test_a_server_down_at_the_start_or_frozen_mid_run_holds_no_epoch_back_and_gets_each_epoch_once(
-        server, data_dir, tmp_path, jobs):
-    # 1. The server is down as the run starts: it trains anyway, says so, and names the epochs
-    # it could not log. 2. The server is back: the run, resumed, makes its MLflow run and sends
-    # the epochs it missed; the server is then frozen (SIGSTOP) after epoch 3 of 12, and the
-    # epochs after it are not held back (each request would wait up to its 20 s timeout on the
-    # training path). 3. Thawed: the next resume sends what the frozen server
-    # missed, and every epoch is in the one MLflow run exactly once.
+        server, data_dir, tmp_path, jobs, request):
+    # 1. The server is down as the run starts (the Gate the run logs through is closed): it
+    # trains anyway, says so, and names the epochs it could not log. 2. The server is back: the
+    # run, resumed, makes its MLflow run and sends the epochs it missed; the server is then
+    # frozen (SIGSTOP) after epoch 3 of 12, and the epochs after it are not held back (each
+    # request would wait up to its 20 s timeout on the training path). 3. Thawed: the next resume
+    # sends what the frozen server missed, and every epoch is in the one MLflow run exactly once.
     ckpt = tmp_path / "ckpt"
     # --mlflow-system-metrics throughout: the monitor's requests wait on the frozen server too.
     env = {"MLFLOW_EXPERIMENT_NAME": "frozen", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20", "CIFAR_MLFLOW_WAIT_S": "2",
            "MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL": "0.2"}
-    on = ("--mlflow", server.uri, "--mlflow-system-metrics")
-    server.stop()
+    gate = Gate(server.port)
+    request.addfinalizer(gate.close)
+    on = ("--mlflow", f"http://127.0.0.1:{gate.port}", "--mlflow-system-metrics")
     down = run_main(common_args(data_dir, ckpt, *on, epochs=1), env_extra=env)
     assert_ok(down)
     assert "does not answer" in down.stderr and "epoch 1 was not logged" in down.stderr, down.stderr
     assert not (ckpt / tracking.RUN_FILE).exists() and load_ckpt(ckpt / "ckpt.pth")["tracking"] is None
-    server.start()
+    gate.open()
     job = jobs([PY, "main.py", *common_args(data_dir, ckpt, *on, "--auto-resume", epochs=12)], env)
     run_id = wait_until(lambda: tracking.read_run_file(ckpt), 120, "the MLflow run", job)["mlflow_run_id"]
     client = MlflowClient(server.uri)
