@@ -117,7 +117,7 @@ def searched_with_the_server_down_a_while(cmd, server, gate, folder):
     """The search `cmd`, logging through `gate`, run with the gate closed once the search's own
     run is on `server`, and open again once two trials have started without it (they train
     anyway, and make their runs when it answers): its result as run() gives it, with .down, the
-    trials that started while down, and .port, the port the search logged to."""
+    trials that started while down."""
     # A trial's end waits 2 s for the server, not 30: it is sent once the server answers.
     env = env_of(dict(ONE_THREAD, MLFLOW_EXPERIMENT_NAME="study", CIFAR_MLFLOW_WAIT_S="2"))
     with open(folder / "out", "w") as out, open(folder / "err", "w") as err:
@@ -145,8 +145,7 @@ def searched_with_the_server_down_a_while(cmd, server, gate, folder):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     return types.SimpleNamespace(returncode=proc.returncode, stdout=(folder / "out").read_text(),
-                                 stderr=(folder / "err").read_text(), down=down,
-                                 port=gate.port)
+                                 stderr=(folder / "err").read_text(), down=down)
 
 
 def test_six_trials_on_two_groups_each_complete_pruned_or_failed(study):
@@ -178,7 +177,7 @@ def test_six_trials_on_two_groups_each_complete_pruned_or_failed(study):
     assert f"watch the study: optuna-dashboard {ck / 'study.journal'}" in r.stdout
 
 
-def test_each_trial_is_an_mlflow_run_under_the_search_ended_as_optuna_ended_it(study, mlflow_server):
+def test_each_trial_is_an_mlflow_run_under_the_search_ended_as_optuna_ended_it(study, mlflow_server, gate):
     if mlflow_server is None:
         skip_or_fail("MLflow is not installed here: make setup installs it (requirements.txt)")
     ck, _, r = study
@@ -195,7 +194,7 @@ def test_each_trial_is_an_mlflow_run_under_the_search_ended_as_optuna_ended_it(s
     written = [p for folder in (ck, mlflow_server.folder) for p in folder.rglob("*")
                if p.is_file() and CANARY.encode() in p.read_bytes()]
     assert written == [] and CANARY not in r.stdout + r.stderr, written
-    assert f"at http://tracker:***@127.0.0.1:{r.port}" in r.stdout
+    assert f"at http://tracker:***@127.0.0.1:{gate.port}" in r.stdout
     # The trials that started while the server was down trained anyway, and each run (those too)
     # has each epoch the trial trained, once.
     assert len(r.down) >= 2, r.down
